@@ -1,0 +1,11 @@
+"""Errors the harness reports as one clear line (exit code 2) instead of a traceback."""
+
+
+class HarnessError(Exception):
+    """A problem with the user's input or environment, reported as one line."""
+
+    exit_code = 2
+
+
+class ConfigError(HarnessError):
+    """A configuration that cannot run: unknown name or key, budget or layer out of range, ..."""

