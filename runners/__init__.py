@@ -1,0 +1,1 @@
+"""Engine, model loading, run loop, results and logging."""

@@ -1,0 +1,102 @@
+"""Validation of the command line before Hydra runs anything.
+
+Hydra reports a bad override (unknown group option, unknown key) as a multi-line message with exit
+code 1. We compose every run of the command (each combination of a multirun sweep) first through
+Hydra's compose API and our own validation, and report the first problem as one line, exit code 2,
+before any model loads or any job is launched.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from runners.errors import ConfigError, HarnessError
+
+CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
+MAX_COMBINATIONS = 4096
+# Flags that take no value / one value, which are Hydra's own business.
+_FLAGS = {"-m", "--multirun", "--help", "-h", "--hydra-help", "--version", "--resolve", "--info", "-i"}
+_FLAGS_WITH_VALUE = {"--cfg", "-c", "--package", "-p", "--config-path", "-cp", "--config-name", "-cn",
+                     "--config-dir", "-cd", "--experimental-rerun"}
+
+
+def user_overrides(argv: list[str]) -> list[str] | None:
+    """The key=value overrides of argv, minus hydra's own; None when hydra only prints help/config."""
+    out, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+            continue
+        if a in ("--help", "-h", "--hydra-help", "--version", "--info", "-i"):
+            return None
+        if a in _FLAGS:
+            continue
+        if a in _FLAGS_WITH_VALUE:
+            skip = True
+            continue
+        if a.startswith("hydra.") or a.startswith("hydra/") or a.startswith("+hydra") or a.startswith("~hydra"):
+            continue
+        out.append(a)
+    return out
+
+
+def expand(overrides: list[str]) -> list[list[str]]:
+    """Every combination of a sweep (`a=1,2 b=x,y` -> 4 lists); a plain run is one list."""
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parsed = OverridesParser.create().parse_overrides(overrides)
+    batches = BasicSweeper.split_arguments(parsed, None)
+    combos = [list(c) for batch in batches for c in batch]
+    return combos[:MAX_COMBINATIONS] or [[]]
+
+
+def _one_line(e: Exception) -> str:
+    msg = str(e).strip()
+    lines = [line.strip() for line in msg.splitlines() if line.strip()]
+    first = lines[0] if lines else type(e).__name__
+    if first.startswith("Could not override") or "not in struct" in msg:
+        key = first.split("'")[1] if "'" in first else first
+        return f"unknown config key {key!r} (see conf/ for the keys each group takes)"
+    if "Could not find" in first:
+        # "In 'config': Could not find 'method/foo'" then "Available options in 'method':" + one per line
+        first = first.replace("In 'config': ", "")
+        if any(line.startswith("Available options") for line in lines):
+            i = next(i for i, line in enumerate(lines) if line.startswith("Available options"))
+            options = [line for line in lines[i + 1:] if ":" not in line and "=" not in line]
+            return f"{first}; available: {', '.join(options)}"
+    return first
+
+
+def prevalidate(argv: list[str]) -> None:
+    overrides = user_overrides(argv)
+    if overrides is None:
+        return
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    from runners.validate import validate
+
+    try:
+        combos = expand(overrides)
+    except Exception as e:
+        _fail(f"cannot parse overrides: {_one_line(e)}")
+    for combo in combos:
+        GlobalHydra.instance().clear()
+        try:
+            with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+                cfg = compose(config_name="config", overrides=combo)
+        except Exception as e:
+            _fail(_one_line(e))
+        try:
+            validate(cfg)
+        except HarnessError as e:
+            _fail(str(e))
+        except Exception as e:  # an unexpected config shape: still one line, never a traceback
+            _fail(f"invalid config ({type(e).__name__}): {_one_line(e)}")
+    GlobalHydra.instance().clear()
+
+
+def _fail(message: str) -> None:
+    print(f"error: {message}", file=sys.stderr)
+    sys.exit(ConfigError.exit_code)

@@ -1,0 +1,60 @@
+"""Validation of a composed config before any model loads: one ConfigError line for what cannot run."""
+from __future__ import annotations
+
+from omegaconf import DictConfig
+
+import methods
+import tasks
+from methods.base import ModelInfo
+from runners.errors import ConfigError
+from tasks.base import ModelSpec
+
+WANDB_MODES = ("disabled", "offline", "online")
+
+
+def model_info(model_cfg) -> ModelInfo:
+    """Architecture facts from the model YAML's `arch` block (no download, no load)."""
+    arch = model_cfg.get("arch")
+    if arch is None:
+        raise ConfigError(f"model {model_cfg.get('name')!r} has no arch block in its YAML")
+    heads = int(arch.num_attention_heads)
+    return ModelInfo(
+        arch=str(arch.model_type),
+        num_layers=int(arch.num_hidden_layers),
+        num_heads=heads,
+        num_kv_heads=int(arch.get("num_key_value_heads") or heads),
+        head_dim=int(arch.get("head_dim") or int(arch.hidden_size) // heads),
+        hidden_size=int(arch.hidden_size),
+        max_position=int(arch.max_position_embeddings),
+        vocab_size=int(arch.get("vocab_size") or 0),
+    )
+
+
+def model_spec(model_cfg) -> ModelSpec:
+    info = model_info(model_cfg)
+    return ModelSpec(
+        name=str(model_cfg.name),
+        max_length=min(int(model_cfg.max_length), info.max_position),
+        chat_template=bool(model_cfg.get("chat_template", True)),
+        stop_tokens=list(model_cfg.get("stop_tokens") or []),
+    )
+
+
+def validate(cfg: DictConfig) -> None:
+    for group in ("method", "task", "model", "runner"):
+        if group not in cfg or cfg[group] is None or "name" not in cfg[group]:
+            raise ConfigError(f"config group {group!r} is missing or has no name")
+    runner = cfg.runner
+    if int(runner.batch_size) < 1:
+        raise ConfigError(f"runner.batch_size must be >= 1, got {runner.batch_size}")
+    if runner.wandb.mode not in WANDB_MODES:
+        raise ConfigError(f"runner.wandb.mode must be one of {', '.join(WANDB_MODES)}, got {runner.wandb.mode!r}")
+    if runner.dtype not in ("auto", "float32", "fp32", "bfloat16", "bf16", "float16", "fp16"):
+        raise ConfigError(f"runner.dtype must be auto, float32, bfloat16 or float16, got {runner.dtype!r}")
+    if cfg.model.get("weights", "pretrained") not in ("pretrained", "random"):
+        raise ConfigError(f"model.weights must be pretrained or random, got {cfg.model.weights!r}")
+    info = model_info(cfg.model)
+    if info.arch not in ("llama", "mistral", "qwen2", "qwen3"):
+        raise ConfigError(f"model family {info.arch!r} is not supported; supported: llama, mistral, qwen2, qwen3")
+    methods.get(cfg.method.name).validate(cfg.method, info)
+    tasks.get(cfg.task.name).validate(cfg.task, model_spec(cfg.model))
