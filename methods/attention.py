@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention.bias import causal_lower_right
 
 
 def dense(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: torch.Tensor | None = None,
@@ -20,7 +21,11 @@ def dense(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: torch.Tensor
     B, Hq, T, D = q.shape
     L = k.shape[2]
     mask = None
-    if T > 1 or q_pos is not None or k_pos is not None:
+    if q_pos is None and k_pos is None and T > 1:
+        # Default layout (the chunk is the last T keys): a lower-right causal bias keeps SDPA on
+        # its fused kernels; an explicit [T, L] mask would be quadratic memory at long prefill.
+        mask = causal_lower_right(T, L)
+    elif q_pos is not None or k_pos is not None:
         if q_pos is None:
             q_pos = torch.arange(L - T, L, device=q.device)
         if k_pos is None:
@@ -39,7 +44,9 @@ def gathered(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, index: torch.Ten
 
     `index` [B, H, K] holds key indices into k, v [B, Hkv, L, D]; H is Hq (per-query-head sets) or
     Hkv (per-KV-head sets shared by the group). `valid` [B, H, K] masks padding entries.
-    Returns [B, 1, Hq*D].
+    Returns [B, 1, Hq*D]. Pass k, v as the full-capacity store tensors (`store.k[layer]`, which are
+    contiguous) rather than a `[:length]` slice: the flat gather then reads only the selected rows,
+    where a slice would be copied whole by the reshape.
     """
     B, Hq, T, D = q.shape
     Hkv = k.shape[1]
@@ -47,12 +54,14 @@ def gathered(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, index: torch.Ten
     if H == Hkv and Hq != Hkv:  # expand KV-head sets to their query heads
         index = index.repeat_interleave(Hq // Hkv, dim=1)
         valid = None if valid is None else valid.repeat_interleave(Hq // Hkv, dim=1)
+    L = k.shape[2]
+    K = index.shape[-1]
+    # Gather straight from the [B, Hkv*L, D] view with flat indices (kv head * L + token): no
+    # per-query-head copy of the whole cache, only the K selected rows per head are read.
     kv_head = torch.arange(Hq, device=q.device) // (Hq // Hkv)
-    idx = index.long()
-    kk = k[:, kv_head]  # [B, Hq, L, D] view-gather per query head
-    vv = v[:, kv_head]
-    ks = torch.gather(kk, 2, idx.unsqueeze(-1).expand(-1, -1, -1, D))  # [B, Hq, K, D]
-    vs = torch.gather(vv, 2, idx.unsqueeze(-1).expand(-1, -1, -1, D))
+    flat = (kv_head.view(1, Hq, 1) * L + index.long()).view(B, Hq * K, 1).expand(-1, -1, D)
+    ks = torch.gather(k.reshape(B, Hkv * L, D), 1, flat).view(B, Hq, K, D)
+    vs = torch.gather(v.reshape(B, Hkv * L, D), 1, flat).view(B, Hq, K, D)
     scale = D ** -0.5 if scale is None else scale
     scores = torch.einsum("bhtd,bhkd->bhtk", q.float(), ks.float()) * scale
     if valid is not None:

