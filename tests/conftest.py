@@ -23,3 +23,15 @@ def smol_tokenizer():
     from runners.models import load_tokenizer_embedded
 
     return load_tokenizer_embedded()
+
+
+@pytest.fixture(scope="session")
+def smol_model():
+    """The embedded SmolLM2-135M-Instruct (fp32, CPU) and its tokenizer."""
+    import torch
+    from omegaconf import OmegaConf
+
+    from runners import models
+
+    cfg = OmegaConf.load(ROOT / "conf" / "model" / "smollm2.yaml")
+    return models.load(cfg, torch.device("cpu"), torch.float32)

@@ -1,0 +1,172 @@
+"""Engine vs the HF model's own forward with a StaticCache: prefill tokens/s and decode ms/token,
+same model, same inputs, measured side by side in one run.
+
+    python -m runners.bench                                  # SmolLM2 at 4K on this machine
+    python -m runners.bench --model llama3 --weights random --lengths 8192 32768 131072   # GPU
+
+Writes JSON (device, commit, command, every figure, and the bandwidth floor: weights + KV bytes
+read per decode step over --bandwidth, default the 3.0 TB/s measured on the H100 copy test).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+from omegaconf import OmegaConf
+
+from methods import ModelInfo, build
+from runners import models
+from runners.engine import Engine
+from runners.results import environment
+
+CONF = Path(__file__).resolve().parents[1] / "conf"
+
+
+class Clock:
+    def __init__(self, device):
+        self.cuda = device.type == "cuda"
+
+    def __call__(self, fn, repeat: int = 1) -> float:
+        """Median seconds of `fn()` over `repeat` runs (CUDA events on GPU)."""
+        times = []
+        for _ in range(repeat):
+            if self.cuda:
+                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                a.record()
+                fn()
+                b.record()
+                b.synchronize()
+                times.append(a.elapsed_time(b) / 1000)
+            else:
+                t = time.perf_counter()
+                fn()
+                times.append(time.perf_counter() - t)
+        return statistics.median(times)
+
+
+def floor_ms(model, info: ModelInfo, context: int, batch: int, dtype, bandwidth: float) -> dict:
+    """Bytes a decode step must read at least: every weight once plus the whole KV cache."""
+    elt = torch.finfo(dtype).bits // 8
+    weights = sum(p.numel() for p in model.parameters()) * elt
+    if getattr(model.config, "tie_word_embeddings", False):
+        pass  # tied: the head reuses the embedding, counted once (as parameters() does)
+    kv = 2 * info.num_layers * batch * info.num_kv_heads * context * info.head_dim * elt
+    return {"weights_gb": weights / 1e9, "kv_gb": kv / 1e9, "floor_ms": 1e3 * (weights + kv) / bandwidth}
+
+
+def bench_engine(model, info, ids, steps, clock, repeat):
+    method = build(OmegaConf.create({"name": "full", "prefill_chunk": None}), info)
+    eng = Engine(model, method)
+    B, L = ids.shape
+    tok = ids[:, -1]
+
+    def prefill():
+        eng.reset(B, L + steps + 8)
+        eng.prefill(ids)
+
+    prefill()  # warm-up (kernel selection, allocator)
+    prefill_s = clock(prefill, repeat)
+
+    def decode():
+        for _ in range(steps):
+            eng.decode(tok)
+
+    prefill()
+    for _ in range(2):
+        eng.decode(tok)
+    decode_s = clock(decode, 1)
+    return prefill_s, 1e3 * decode_s / steps
+
+
+def bench_hf(model, ids, steps, clock, repeat):
+    from transformers import StaticCache
+
+    B, L = ids.shape
+    dev = ids.device
+    state = {}
+
+    def prefill():
+        cache = StaticCache(config=model.config, max_cache_len=L + steps + 8)
+        state["cache"] = cache
+        with torch.inference_mode():
+            model(ids, past_key_values=cache, cache_position=torch.arange(L, device=dev), logits_to_keep=1,
+                  use_cache=True)
+
+    prefill()  # warm-up
+    prefill_s = clock(prefill, repeat)
+    tok = ids[:, -1:]
+
+    def decode():
+        with torch.inference_mode():
+            for i in range(steps):
+                pos = torch.tensor([L + i], device=dev)
+                model(tok, past_key_values=state["cache"], cache_position=pos, use_cache=True)
+
+    prefill()
+    decode_s = clock(decode, 1)
+    return prefill_s, 1e3 * decode_s / steps
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="smollm2", help="name of a conf/model/*.yaml")
+    ap.add_argument("--weights", default="pretrained", choices=["pretrained", "random"])
+    ap.add_argument("--lengths", type=int, nargs="+", default=[4096])
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--steps", type=int, default=32, help="decode steps timed per length")
+    ap.add_argument("--repeat", type=int, default=1, help="prefill repeats (median)")
+    ap.add_argument("--device", default="auto")
+    ap.add_argument("--dtype", default="auto")
+    ap.add_argument("--skip-hf", action="store_true", help="only the engine (e.g. when HF would not fit)")
+    ap.add_argument("--bandwidth", type=float, default=3.0e12, help="bytes/s for the floor (H100 copy test)")
+    ap.add_argument("--out", default=None, help="JSON path (default results/bench/engine_<model>_<device>.json)")
+    args = ap.parse_args(argv)
+
+    device = models.resolve_device(args.device)
+    dtype = models.resolve_dtype(args.dtype, device)
+    mcfg = OmegaConf.load(CONF / "model" / f"{args.model}.yaml")
+    mcfg.weights = args.weights
+    model, _ = models.load(mcfg, device, dtype)
+    model.config._attn_implementation = "sdpa"
+    info = ModelInfo.from_hf_config(model.config)
+    clock = Clock(device)
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    rows = []
+    for L in args.lengths:
+        ids = torch.randint(0, info.vocab_size, (args.batch, L), generator=gen).to(device)
+        row = {"context": L, "batch": args.batch, **floor_ms(model, info, L, args.batch, dtype, args.bandwidth)}
+        pf, dec = bench_engine(model, info, ids, args.steps, clock, args.repeat)
+        row.update(engine_prefill_tok_s=args.batch * L / pf, engine_decode_ms=dec)
+        if not args.skip_hf:
+            pf_hf, dec_hf = bench_hf(model, ids, args.steps, clock, args.repeat)
+            row.update(hf_prefill_tok_s=args.batch * L / pf_hf, hf_decode_ms=dec_hf,
+                       decode_speedup=dec_hf / dec, prefill_speedup=pf_hf / pf)
+        row["engine_over_floor"] = row["engine_decode_ms"] / row["floor_ms"]
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    env = environment()
+    out = {"bench": "engine_vs_hf_static_cache", "model": args.model, "weights": args.weights,
+           "dtype": str(dtype), "device": env.get("gpu", "cpu"), "torch_threads": torch.get_num_threads(),
+           "steps": args.steps, "bandwidth_bytes_s": args.bandwidth, "command": " ".join(sys.argv),
+           "environment": env, "rows": rows}
+    tag = "cpu" if device.type == "cpu" else env.get("gpu", "gpu").replace(" ", "_")
+    path = Path(args.out or f"results/bench/engine_{args.model}_{tag}.json")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(out, indent=2))
+    print(f"\n{'context':>8} {'engine ms/tok':>14} {'hf ms/tok':>10} {'floor ms':>9} {'engine tok/s':>13} {'hf tok/s':>10}")
+    for r in rows:
+        print(f"{r['context']:>8} {r['engine_decode_ms']:>14.2f} {r.get('hf_decode_ms', float('nan')):>10.2f} "
+              f"{r['floor_ms']:>9.2f} {r['engine_prefill_tok_s']:>13.0f} {r.get('hf_prefill_tok_s', float('nan')):>10.0f}")
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
