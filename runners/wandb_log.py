@@ -38,7 +38,7 @@ class WandbLogger:
             name=run_name(self.cfg), group=self.wcfg.group or f"{self.cfg.task.name}-{self.cfg.model.name}",
             tags=[self.cfg.method.name, self.cfg.task.name, self.cfg.model.name, *list(self.wcfg.tags or [])],
             config=OmegaConf.to_container(self.cfg, resolve=True), job_type="eval", reinit="finish_previous",
-            settings=wandb.Settings(start_method="thread", console="off", silent=True),
+            settings=wandb.Settings(console="off", silent=True),
         )
         try:
             for key, value in _flatten(summary.get("metrics", {})).items():
