@@ -1,0 +1,192 @@
+"""Quest page metadata and page scores.
+
+Pages hold `page_size` consecutive tokens aligned to position 0 (page p = tokens p*P .. p*P+P-1).
+kmin, kmax [B, Hkv, n_pages, D] are the element-wise min/max of each page's keys, kept up to date
+incrementally on append (`quest_update_pages`); their dtype is the caller's choice (min/max are
+exact in the key dtype, so bf16 metadata loses nothing). The page score of query head h is the
+Quest upper bound sum_d max(q_d*kmin_d, q_d*kmax_d), unscaled, fp32.
+
+The kernel computes the bound as q+ . kmax + q- . kmin (q+ = max(q, 0), q- = min(q, 0)), which is
+the same sum term by term, as two matrix products over the GQA group.
+"""
+from __future__ import annotations
+
+import torch
+
+from ._common import HAVE_TRITON, backend_for, kernel_for, next_pow2, tl, triton
+
+
+def _empty(*shape, device, dtype):
+    """Output allocation (tests swap in a NaN-filled version to check every element is written)."""
+    return torch.empty(*shape, device=device, dtype=dtype)
+
+if HAVE_TRITON:
+
+    @triton.jit
+    def _quest_update_kernel(Kmin, Kmax, Knew, Start, T, NP, HKV,
+                             s_mb, s_mh, s_mp, s_nb, s_nh, s_nt,
+                             P: tl.constexpr, P_PAD: tl.constexpr, D: tl.constexpr):
+        # One program per (batch, KV head, page touched by the append).
+        pid = tl.program_id(0)
+        j = tl.program_id(1)
+        b = (pid // HKV).to(tl.int64)
+        h = pid % HKV
+        st = tl.load(Start + b)
+        page = st // P + j
+        lo = tl.maximum(page * P, st)
+        hi = tl.minimum(page * P + P, st + T)
+        tt = page * P + tl.arange(0, P_PAD)
+        dd = tl.arange(0, D)
+        m = (tt >= lo) & (tt < hi)
+        x = tl.load(Knew + b * s_nb + h * s_nh + (tt - st)[:, None] * s_nt + dd[None, :],
+                    mask=m[:, None], other=0.0).to(tl.float32)
+        mn = tl.min(tl.where(m[:, None], x, float("inf")), 0)
+        mx = tl.max(tl.where(m[:, None], x, float("-inf")), 0)
+        ok = (lo < hi) & (page < NP)
+        # A page that already holds tokens before `start` merges with its stored bounds; a page
+        # that starts inside this append is overwritten (stale contents from a previous sample).
+        old = ok & (lo > page * P)
+        off = b * s_mb + h * s_mh + page * s_mp + dd
+        # (no infinite `other=`: the interpreter cannot build bf16 infinities)
+        mn = tl.minimum(mn, tl.where(old, tl.load(Kmin + off, mask=old, other=0.0).to(tl.float32),
+                                     float("inf")))
+        mx = tl.maximum(mx, tl.where(old, tl.load(Kmax + off, mask=old, other=0.0).to(tl.float32),
+                                     float("-inf")))
+        tl.store(Kmin + off, mn.to(Kmin.dtype.element_ty), mask=ok & (dd < D))
+        tl.store(Kmax + off, mx.to(Kmax.dtype.element_ty), mask=ok & (dd < D))
+
+    @triton.jit
+    def _quest_scores_kernel(Q, Kmin, Kmax, Nvalid, Out, NP,
+                             s_qb, s_qh, s_mb, s_mh, s_mp, s_ob, s_oh, HKV,
+                             G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr,
+                             BLOCK_P: tl.constexpr, F32: tl.constexpr, PREC: tl.constexpr):
+        pid = tl.program_id(0)
+        b = (pid // HKV).to(tl.int64)
+        h = pid % HKV
+        rows = tl.arange(0, G_PAD)
+        rmask = rows < G
+        dd = tl.arange(0, D)
+        pp = tl.program_id(1) * BLOCK_P + tl.arange(0, BLOCK_P)
+        pmask = pp < NP
+        q = tl.load(Q + b * s_qb + (h * G + rows)[:, None] * s_qh + dd[None, :],
+                    mask=rmask[:, None], other=0.0)
+        off = b * s_mb + h * s_mh + pp[:, None] * s_mp + dd[None, :]
+        kn = tl.load(Kmin + off, mask=pmask[:, None], other=0.0)
+        kx = tl.load(Kmax + off, mask=pmask[:, None], other=0.0)
+        if F32:
+            q = q.to(tl.float32)
+            kn = kn.to(tl.float32)
+            kx = kx.to(tl.float32)
+        zero = tl.zeros_like(q)
+        # (max/min promote bf16 to fp32: cast back, exact since the values are q's own)
+        s = tl.dot(tl.maximum(q, zero).to(kx.dtype), tl.trans(kx), input_precision=PREC)
+        s += tl.dot(tl.minimum(q, zero).to(kn.dtype), tl.trans(kn), input_precision=PREC)
+        nv = tl.load(Nvalid + b)
+        s = tl.where((pp < nv)[None, :], s, float("-inf"))
+        tl.store(Out + b * s_ob + (h * G + rows)[:, None] * s_oh + pp[None, :], s,
+                 mask=rmask[:, None] & pmask[None, :])
+
+
+def _as_batch_tensor(x, B, device):
+    if isinstance(x, torch.Tensor):
+        return x.to(device=device, dtype=torch.int32).reshape(-1).expand(B).contiguous()
+    return torch.full((B,), int(x), device=device, dtype=torch.int32)
+
+
+def quest_update_pages_ref(kmin, kmax, k_new, start, page_size=16):
+    B, Hkv, T, D = k_new.shape
+    starts = _as_batch_tensor(start, B, kmin.device).tolist()
+    for b, s in enumerate(starts):
+        p0, p1 = s // page_size, (s + T - 1) // page_size + 1
+        pre = s - p0 * page_size
+        n = (p1 - p0) * page_size
+        x = k_new[b].float()
+        lo = torch.full((Hkv, n, D), float("inf"), device=x.device)
+        hi = torch.full((Hkv, n, D), float("-inf"), device=x.device)
+        lo[:, pre:pre + T] = x
+        hi[:, pre:pre + T] = x
+        mn = lo.view(Hkv, p1 - p0, page_size, D).amin(2)
+        mx = hi.view(Hkv, p1 - p0, page_size, D).amax(2)
+        if pre > 0:
+            mn[:, 0] = torch.minimum(mn[:, 0], kmin[b, :, p0].float())
+            mx[:, 0] = torch.maximum(mx[:, 0], kmax[b, :, p0].float())
+        kmin[b, :, p0:p1] = mn.to(kmin.dtype)
+        kmax[b, :, p0:p1] = mx.to(kmax.dtype)
+    return kmin, kmax
+
+
+def quest_update_pages(kmin, kmax, k_new, start, page_size=16):
+    """Fold the keys k_new [B, Hkv, T, D], written at positions start..start+T-1 (`start`: int or
+    int32 [B]), into kmin/kmax in place; returns (kmin, kmax). Pages past n_pages are ignored by the
+    kernel (the reference raises), so size the metadata for the cache capacity."""
+    if backend_for(k_new) == "torch":
+        return quest_update_pages_ref(kmin, kmax, k_new, start, page_size)
+    B, Hkv, T, D = k_new.shape
+    assert kmin.stride() == kmax.stride() and kmin.stride(-1) == 1 and k_new.stride(-1) == 1
+    if T == 0:
+        return kmin, kmax
+    st = _as_batch_tensor(start, B, k_new.device)
+    grid = (B * Hkv, (T - 1) // page_size + 2)  # pages an append of T tokens can touch
+    kernel_for(_quest_update_kernel, k_new)[grid](
+        kmin, kmax, k_new, st, T, kmin.shape[2], Hkv,
+        kmin.stride(0), kmin.stride(1), kmin.stride(2),
+        k_new.stride(0), k_new.stride(1), k_new.stride(2),
+        P=page_size, P_PAD=next_pow2(page_size), D=D, num_warps=4)
+    return kmin, kmax
+
+
+def quest_page_scores_ref(q, kmin, kmax, n_pages_valid):
+    B, Hq, D = q.shape
+    Hkv, NP = kmin.shape[1], kmin.shape[2]
+    qg = q.float().view(B, Hkv, Hq // Hkv, 1, D)
+    out = torch.empty(B, Hkv, Hq // Hkv, NP, device=q.device, dtype=torch.float32)
+    for p0 in range(0, NP, 1024):  # bounded temporaries at long contexts
+        lo = kmin[:, :, None, p0:p0 + 1024].float()
+        hi = kmax[:, :, None, p0:p0 + 1024].float()
+        out[..., p0:p0 + 1024] = torch.maximum(qg * lo, qg * hi).sum(-1)
+    nv = _as_batch_tensor(n_pages_valid, B, q.device).long().view(B, 1, 1, 1)
+    out = out.masked_fill(torch.arange(NP, device=q.device) >= nv, float("-inf"))
+    return out.view(B, Hq, NP)
+
+
+def quest_page_scores(q, kmin, kmax, n_pages_valid):
+    """Quest bounds q [B, Hq, D] x pages [B, Hkv, n_pages, D] -> [B, Hq, n_pages] fp32, per query
+    head (sum over the group yourself for shared pages); pages >= n_pages_valid[b] get -inf."""
+    if backend_for(q) == "torch":
+        return quest_page_scores_ref(q, kmin, kmax, n_pages_valid)
+    B, Hq, D = q.shape
+    Hkv, NP = kmin.shape[1], kmin.shape[2]
+    G = Hq // Hkv
+    assert kmin.stride() == kmax.stride() and kmin.stride(-1) == 1 and q.stride(-1) == 1
+    nv = _as_batch_tensor(n_pages_valid, B, q.device)
+    out = _empty(B, Hq, NP, device=q.device, dtype=torch.float32)
+    # fp32 products when dtypes differ, and on the interpreter (its bf16 tl.dot is wrong).
+    f32 = q.dtype == torch.float32 or kmin.dtype != q.dtype or not q.is_cuda
+    block_p = 64 if q.is_cuda else 32
+    kernel_for(_quest_scores_kernel, q)[(B * Hkv, triton.cdiv(NP, block_p))](
+        q, kmin, kmax, nv, out, NP, q.stride(0), q.stride(1),
+        kmin.stride(0), kmin.stride(1), kmin.stride(2), out.stride(0), out.stride(1), Hkv,
+        G=G, G_PAD=max(16, next_pow2(G)), D=D, BLOCK_P=block_p, F32=f32,
+        PREC="ieee" if f32 else "tf32", num_warps=4)
+    return out
+
+
+def quest_topk_pages(scores, page_budget, n_pages_valid, force_last=True):
+    """Page top-k (torch.topk; same code on every backend): scores [B, H, n_pages] -> (page_index
+    int32 [B, H, k], page_counts int32 [B, H]) with k = min(page_budget, n_pages). As in Quest's
+    kernel path, the last valid page (the one being written) is always taken when `force_last`,
+    and page_budget - 1 others by score. The valid prefix is sorted; padding slots hold 0."""
+    B, H, NP = scores.shape
+    kk = min(int(page_budget), NP)
+    nv = _as_batch_tensor(n_pages_valid, B, scores.device).long()
+    s = scores
+    if force_last:
+        last = (nv - 1).clamp(min=0).view(B, 1, 1).expand(B, H, 1)
+        s = scores.scatter(-1, last, float("inf"))
+    s = s.masked_fill(torch.arange(NP, device=s.device) >= nv.view(B, 1, 1), float("-inf"))
+    idx = s.topk(kk, dim=-1, sorted=False).indices
+    pad = s.gather(-1, idx) == float("-inf")  # unsorted top-k: find padding by its score
+    counts = (~pad).sum(-1)
+    idx = torch.where(pad, NP, idx).sort(-1).values
+    idx = torch.where(idx == NP, 0, idx)
+    return idx.to(torch.int32), counts.to(torch.int32).contiguous()

@@ -1,0 +1,121 @@
+"""Quest page metadata (incremental min/max), page scores and page top-k: Triton vs torch reference
+on the CPU through Triton's interpreter."""
+from __future__ import annotations
+
+import os
+
+import torch
+
+if not torch.cuda.is_available():  # triton reads this at import time
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+
+import kernels  # noqa: E402
+from kernels import _common, quest as Qm  # noqa: E402
+
+pytestmark = pytest.mark.skipif(
+    not (kernels.HAVE_TRITON and (torch.cuda.is_available() or _common.interpreter_active())),
+    reason="triton missing, or imported before TRITON_INTERPRET=1 could be set (run this module alone)")
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+@pytest.fixture(autouse=True)
+def triton_backend(monkeypatch):
+    monkeypatch.setenv("HARNESS_KERNELS", "triton")
+    monkeypatch.setattr(Qm, "_empty", lambda *s, device, dtype: torch.full(
+        s, float("nan"), device=device, dtype=dtype))
+
+
+def scratch_bounds(k, lengths, P, n_pages):
+    """min/max per page recomputed from the whole cache (what the incremental update must equal)."""
+    B, H, S, D = k.shape
+    lo = torch.full((B, H, n_pages, D), float("inf"))
+    hi = torch.full((B, H, n_pages, D), float("-inf"))
+    for b in range(B):
+        n = int(lengths[b])
+        for p in range(-(-n // P)):
+            blk = k[b, :, p * P:min(n, p * P + P)].float()
+            lo[b, :, p], hi[b, :, p] = blk.amin(1), blk.amax(1)
+    return lo, hi
+
+
+@pytest.mark.parametrize("dtype,P", [(torch.float32, 16), (torch.bfloat16, 8)])
+def test_update_pages_incremental_equals_scratch(dtype, P):
+    B, H, S, D, n_pages = 2, 2, 80, 64, 10
+    g = torch.Generator().manual_seed(0)
+    k = torch.randn(B, H, S, D, generator=g).to(dtype)
+    # stale garbage from an earlier sample: pages that start inside an append must be overwritten
+    kmin = torch.full((B, H, n_pages, D), -7.0, dtype=dtype, device=DEV)
+    kmax = torch.full((B, H, n_pages, D), 7.0, dtype=dtype, device=DEV)
+    rmin, rmax = kmin.clone(), kmax.clone()
+    # per-sequence different prefill lengths, then single-token steps, then a chunk
+    pos = torch.tensor([19, 33], dtype=torch.int32)
+    steps = [("prefill", None), ("one", 1), ("one", 1), ("chunk", 21)]
+    for name, t in steps:
+        if name == "prefill":
+            for b in range(B):  # prefill is per sequence (different lengths)
+                n = int(pos[b])
+                sub = (slice(b, b + 1),)
+                kernels.quest_update_pages(kmin[sub], kmax[sub], k[b:b + 1, :, :n].to(DEV), 0, P)
+                Qm.quest_update_pages_ref(rmin[sub], rmax[sub], k[b:b + 1, :, :n], 0, P)
+            continue
+        new = torch.stack([k[b, :, int(pos[b]):int(pos[b]) + t] for b in range(B)])
+        kernels.quest_update_pages(kmin, kmax, new.to(DEV), pos.to(DEV), P)
+        Qm.quest_update_pages_ref(rmin, rmax, new, pos, P)
+        pos = pos + t
+    lo, hi = scratch_bounds(k, pos, P, n_pages)
+    for b in range(B):
+        used = -(-int(pos[b]) // P)
+        torch.testing.assert_close(kmin[b, :, :used].float().cpu(), lo[b, :, :used], rtol=0, atol=0)
+        torch.testing.assert_close(kmax[b, :, :used].float().cpu(), hi[b, :, :used], rtol=0, atol=0)
+        assert (kmin[b, :, used:] == -7).all()  # untouched pages stay untouched
+    torch.testing.assert_close(kmin.cpu(), rmin, rtol=0, atol=0)
+    torch.testing.assert_close(kmax.cpu(), rmax, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("G,D,dtype", [(1, 64, torch.float32), (3, 64, torch.float32),
+                                       (4, 128, torch.bfloat16), (8, 64, torch.bfloat16)])
+def test_page_scores(G, D, dtype):
+    B, Hkv, NP = 2, 2, 40
+    g = torch.Generator().manual_seed(1)
+    q = torch.randn(B, G * Hkv, D, generator=g).to(DEV, dtype)
+    a = torch.randn(B, Hkv, NP, D, generator=g)
+    b = torch.randn(B, Hkv, NP, D, generator=g)
+    kmin, kmax = torch.minimum(a, b).to(DEV, dtype), torch.maximum(a, b).to(DEV, dtype)
+    nv = torch.tensor([NP, 23], dtype=torch.int32, device=DEV)
+    out = kernels.quest_page_scores(q, kmin, kmax, nv)
+    ref = Qm.quest_page_scores_ref(q, kmin, kmax, nv)
+    assert out.shape == (B, G * Hkv, NP) and out.dtype == torch.float32
+    assert not torch.isnan(out).any()
+    assert torch.isinf(out[1, :, 23:]).all() and torch.isfinite(out[1, :, :23]).all()
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-4)
+
+
+def test_page_scores_upper_bound_the_true_logits():
+    B, Hkv, G, D, P, n = 1, 2, 4, 64, 16, 70
+    q = torch.randn(B, Hkv * G, D)
+    k = torch.randn(B, Hkv, n, D)
+    lo, hi = scratch_bounds(k, torch.tensor([n]), P, 5)
+    s = Qm.quest_page_scores_ref(q, lo, hi, 5)
+    qk = torch.einsum("bhd,bhsd->bhs", q, k.repeat_interleave(G, 1))
+    for p in range(5):
+        assert (s[..., p] >= qk[..., p * P:min(n, p * P + P)].amax(-1) - 1e-4).all()
+
+
+def test_topk_pages_forces_last_and_counts():
+    B, H, NP = 2, 3, 12
+    scores = torch.randn(B, H, NP)
+    scores[0, :, 11] = -100.0  # the last page must be taken even with the worst score
+    nv = torch.tensor([12, 4], dtype=torch.int32)
+    idx, cnt = kernels.quest_topk_pages(scores, 5, nv)
+    assert cnt.tolist() == [[5] * 3, [4] * 3]
+    for h in range(H):
+        sel = idx[0, h].tolist()
+        assert 11 in sel and sel == sorted(sel)
+        want = set(scores[0, h, :11].topk(4).indices.tolist()) | {11}
+        assert set(sel) == want
+        assert idx[1, h, :4].tolist() == [0, 1, 2, 3]
+    idx, cnt = kernels.quest_topk_pages(scores, 5, nv, force_last=False)
+    assert 11 not in idx[0, 0].tolist()
