@@ -20,6 +20,11 @@ def dense(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: torch.Tensor
     """
     B, Hq, T, D = q.shape
     L = k.shape[2]
+    if T == 1 and q.is_cuda and q_pos is None and k_pos is None:
+        # Decode on the GPU: our split-K kernel. SDPA would pick cuDNN there, which rebuilds its
+        # plan for every new KV length (~1.4 ms of host time per layer per step on the H100).
+        lengths = torch.full((B,), L, dtype=torch.int32, device=q.device)
+        return decode_kernel(q, k, v, lengths, D ** -0.5 if scale is None else scale, L)
     mask = None
     if q_pos is None and k_pos is None and T > 1:
         # Default layout (the chunk is the last T keys): a lower-right causal bias keeps SDPA on
@@ -38,37 +43,53 @@ def dense(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: torch.Tensor
     return out.transpose(1, 2).reshape(B, T, Hq * D)
 
 
+def decode_kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: torch.Tensor, scale: float,
+                  max_length: int) -> torch.Tensor:
+    """Decode (T = 1) attention through `kernels.decode_attention` (Triton on CUDA, torch reference
+    elsewhere): q [B, Hq, 1, D], k/v the full-capacity store [B, Hkv, cap, D], `lengths` int32 [B]
+    on the device, `max_length` a host bound (the capacity) so no sync is needed. -> [B, 1, Hq*D]."""
+    import kernels
+
+    B, Hq, _, D = q.shape
+    out = kernels.decode_attention(q[:, :, 0].contiguous(), k, v, lengths, scale, max_length=max_length)
+    return out.reshape(B, 1, Hq * D)
+
+
 def gathered(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, index: torch.Tensor,
              valid: torch.Tensor | None = None, scale: float | None = None) -> torch.Tensor:
     """Decode attention of q [B, Hq, 1, D] over per-head key subsets.
 
     `index` [B, H, K] holds key indices into k, v [B, Hkv, L, D]; H is Hq (per-query-head sets) or
-    Hkv (per-KV-head sets shared by the group). `valid` [B, H, K] masks padding entries.
-    Returns [B, 1, Hq*D]. Pass k, v as the full-capacity store tensors (`store.k[layer]`, which are
-    contiguous) rather than a `[:length]` slice: the flat gather then reads only the selected rows,
-    where a slice would be copied whole by the reshape.
+    Hkv (per-KV-head sets shared by the group). `valid` [B, H, K] masks padding entries (their
+    index must still point inside k, e.g. clamped). Returns [B, 1, Hq*D].
+
+    The gather runs per KV head on k itself (no [B, Hq, L, D] copy of the cache per call): query
+    head h belongs to KV head h // group, the HF `repeat_kv` convention.
     """
     B, Hq, T, D = q.shape
     Hkv = k.shape[1]
-    H = index.shape[1]
-    if H == Hkv and Hq != Hkv:  # expand KV-head sets to their query heads
-        index = index.repeat_interleave(Hq // Hkv, dim=1)
-        valid = None if valid is None else valid.repeat_interleave(Hq // Hkv, dim=1)
-    L = k.shape[2]
-    K = index.shape[-1]
-    # Gather straight from the [B, Hkv*L, D] view with flat indices (kv head * L + token): no
-    # per-query-head copy of the whole cache, only the K selected rows per head are read.
-    kv_head = torch.arange(Hq, device=q.device) // (Hq // Hkv)
-    flat = (kv_head.view(1, Hq, 1) * L + index.long()).view(B, Hq * K, 1).expand(-1, -1, D)
-    ks = torch.gather(k.reshape(B, Hkv * L, D), 1, flat).view(B, Hq, K, D)
-    vs = torch.gather(v.reshape(B, Hkv * L, D), 1, flat).view(B, Hq, K, D)
+    g = Hq // Hkv
+    H, K = index.shape[1], index.shape[2]
+    idx = index.long()
+    qg = q.float().view(B, Hkv, g, D)
     scale = D ** -0.5 if scale is None else scale
-    scores = torch.einsum("bhtd,bhkd->bhtk", q.float(), ks.float()) * scale
-    if valid is not None:
-        scores = scores.masked_fill(~valid.unsqueeze(2), float("-inf"))
+    if H == Hkv:  # one set per KV head, shared by its query heads: gather once
+        ks = torch.gather(k, 2, idx.unsqueeze(-1).expand(-1, -1, -1, D)).float()  # [B, Hkv, K, D]
+        vs = torch.gather(v, 2, idx.unsqueeze(-1).expand(-1, -1, -1, D)).float()
+        scores = torch.einsum("bhgd,bhkd->bhgk", qg, ks) * scale
+        mask = None if valid is None else valid.unsqueeze(2)
+    else:  # one set per query head: gather the group's sets from their KV head
+        flat = idx.view(B, Hkv, g * K).unsqueeze(-1).expand(-1, -1, -1, D)
+        ks = torch.gather(k, 2, flat).float().view(B, Hkv, g, K, D)
+        vs = torch.gather(v, 2, flat).float().view(B, Hkv, g, K, D)
+        scores = torch.einsum("bhgd,bhgkd->bhgk", qg, ks) * scale
+        mask = None if valid is None else valid.view(B, Hkv, g, K)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
     probs = torch.softmax(scores, dim=-1)
-    out = torch.einsum("bhtk,bhkd->bhtd", probs, vs.float()).to(q.dtype)
-    return out.transpose(1, 2).reshape(B, T, Hq * D)
+    eq = "bhgk,bhkd->bhgd" if H == Hkv else "bhgk,bhgkd->bhgd"
+    out = torch.einsum(eq, probs, vs).to(q.dtype)
+    return out.reshape(B, T, Hq * D)
 
 
 def logits(q: torch.Tensor, k: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
@@ -78,3 +99,43 @@ def logits(q: torch.Tensor, k: torch.Tensor, scale: float = 1.0) -> torch.Tensor
     qg = q.float().view(B, Hkv, Hq // Hkv, T, D)
     s = torch.einsum("bgqtd,bgld->bgqtl", qg, k.float()) * scale
     return s.reshape(B, Hq, T, k.shape[2])
+
+
+def selection(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+              scale: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Full decode attention of q [B, Hq, 1, D] over k, v [B, Hkv, L, D] that also returns the
+    UNSCALED pre-softmax scores q.k, fp32 [B, Hq, L] (TidalDecode's token-selection layers: one
+    pass gives both the layer output and the ranking). Returns ([B, 1, Hq*D], scores)."""
+    B, Hq, T, D = q.shape
+    Hkv = k.shape[1]
+    scale = D ** -0.5 if scale is None else scale
+    s = logits(q, k)  # [B, Hq, 1, L]
+    probs = torch.softmax(s * scale, dim=-1).view(B, Hkv, Hq // Hkv, k.shape[2])
+    out = torch.einsum("bhgl,bhld->bhgd", probs, v.float()).to(q.dtype)
+    return out.reshape(B, T, Hq * D), s[:, :, 0]
+
+
+def paged(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, page_index: torch.Tensor, page_size: int,
+          length: int, scale: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Decode attention over whole pages: page p = tokens p*page_size .. +page_size-1 (aligned to
+    position 0); tokens at or past `length` (the partial current page) are masked. `page_index`
+    [B, H, P] as in `gathered`. Returns ([B, 1, Hq*D], tokens attended per head [B, H])."""
+    j = torch.arange(page_index.shape[-1] * page_size, device=q.device)
+    pos = page_index.long()[..., j // page_size] * page_size + j % page_size  # [B, H, P*page_size]
+    valid = pos < length
+    out = gathered(q, k, v, pos.clamp(max=length - 1), valid, scale)  # clamp: never read stale slots
+    return out, valid.sum(-1)
+
+
+def quest_scores(q: torch.Tensor, kmin: torch.Tensor, kmax: torch.Tensor) -> torch.Tensor:
+    """Quest page upper bounds, fp32, unscaled: q [B, Hq, 1, D] x page bounds kmin/kmax
+    [B, Hkv, P, D] -> [B, Hq, P], score = sum_d max(q_d*kmin_d, q_d*kmax_d).
+
+    Written as q+ . kmax + q- . kmin (kmax >= kmin, so the max picks kmax where q_d > 0 and kmin
+    where q_d < 0): the same sum term by term, as two matrix products per GQA group."""
+    B, Hq, T, D = q.shape
+    Hkv = kmin.shape[1]
+    qg = q.float().view(B, Hkv, Hq // Hkv, D)
+    s = torch.einsum("bhgd,bhpd->bhgp", qg.clamp(min=0), kmax.float())
+    s = s + torch.einsum("bhgd,bhpd->bhgp", qg.clamp(max=0), kmin.float())
+    return s.reshape(B, Hq, kmin.shape[2])

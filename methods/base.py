@@ -65,10 +65,11 @@ class Step:
     Methods that re-assign positions (StreamingLLM, Cascading) ignore them and use their own.
     """
 
-    phase: str  # "prefill" | "decode"
+    phase: str  # "prefill" | "decode" | "correct" (dense re-run of cached tokens, see correction_span)
     start: int
     length: int
     positions: torch.Tensor  # [T] int64
+    graphed: bool = False    # inside a captured CUDA graph: use `positions`, not start/end ints
 
     @property
     def end(self) -> int:
@@ -79,6 +80,10 @@ class Method:
     """Base class. Subclasses set `name` and implement `setup`, `attend`; the rest has defaults."""
 
     name: ClassVar[str] = ""
+    # True if `attend` in decode is static-shape and host-sync-free given device `step.positions`
+    # (no Python ints from the step, no allocation-dependent shapes) and `setup` keeps the same
+    # buffers for the same (batch, max_len): the engine may then capture decode in a CUDA graph.
+    graph_safe: ClassVar[bool] = False
     # Keys every result row carries to say what the budget means (filled by `semantics`).
     semantics_keys: ClassVar[tuple[str, ...]] = ()
 
@@ -107,6 +112,13 @@ class Method:
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rope) -> torch.Tensor:
         raise NotImplementedError
+
+    def correction_span(self, seq_len: int) -> tuple[int, int] | None:
+        """Asked by the engine after each decode step: a span (start, end) of cached tokens to re-run
+        densely (TidalDecode's KV cache correction), or None. The engine then feeds those tokens
+        again as a step of phase "correct" at their own positions; the method rewrites their KV
+        (like a prefill chunk over the cache) and the sequence length does not move."""
+        return None
 
     # --- reporting ---------------------------------------------------------------------------
     def record(self, layer: int, attended: float | torch.Tensor) -> None:

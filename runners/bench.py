@@ -59,9 +59,9 @@ def floor_ms(model, info: ModelInfo, context: int, batch: int, dtype, bandwidth:
     return {"weights_gb": weights / 1e9, "kv_gb": kv / 1e9, "floor_ms": 1e3 * (weights + kv) / bandwidth}
 
 
-def bench_engine(model, info, ids, steps, clock, repeat):
+def bench_engine(model, info, ids, steps, clock, repeat, graphs=True):
     method = build(OmegaConf.create({"name": "full", "prefill_chunk": None}), info)
-    eng = Engine(model, method)
+    eng = Engine(model, method, use_graphs=graphs)
     B, L = ids.shape
     tok = ids[:, -1]
 
@@ -142,6 +142,9 @@ def main(argv=None):
         row = {"context": L, "batch": args.batch, **floor_ms(model, info, L, args.batch, dtype, args.bandwidth)}
         pf, dec = bench_engine(model, info, ids, args.steps, clock, args.repeat)
         row.update(engine_prefill_tok_s=args.batch * L / pf, engine_decode_ms=dec)
+        if device.type == "cuda":  # the same engine without CUDA graphs: what the capture buys
+            _, dec_eager = bench_engine(model, info, ids, args.steps, clock, 1, graphs=False)
+            row.update(engine_eager_decode_ms=dec_eager)
         if not args.skip_hf:
             pf_hf, dec_hf = bench_hf(model, ids, args.steps, clock, args.repeat)
             row.update(hf_prefill_tok_s=args.batch * L / pf_hf, hf_decode_ms=dec_hf,

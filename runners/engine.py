@@ -18,6 +18,7 @@ import torch
 from methods.base import Method, ModelInfo, Step
 from methods.rope import Rope
 from runners.errors import ConfigError
+from runners.graphs import DecodeGraph
 from runners.sampling import sample_next
 
 
@@ -38,7 +39,7 @@ class Generation:
 
 
 class Engine:
-    def __init__(self, model, method: Method):
+    def __init__(self, model, method: Method, use_graphs: bool = True):
         cfg = model.config
         if cfg.model_type not in ("llama", "mistral", "qwen2", "qwen3"):
             raise ConfigError(f"model family {cfg.model_type!r} is not supported by the engine")
@@ -57,6 +58,10 @@ class Engine:
         self.dtype = self.embed.weight.dtype
         self.seq_len = 0      # tokens of the current sequence seen so far
         self.capacity = 0
+        # Decode steps of graph-safe methods run as one captured CUDA graph (no launch overhead).
+        self.graphs = DecodeGraph(self) if (self.device.type == "cuda" and use_graphs
+                                            and getattr(method, "graph_safe", False)) else None
+        self.history: torch.Tensor | None = None
 
     # --- sequence life cycle -----------------------------------------------------------------
     def reset(self, batch: int, max_len: int) -> None:
@@ -64,6 +69,9 @@ class Engine:
         self.method.setup(self.info, batch, max_len, self.device, self.dtype)
         self.seq_len = 0
         self.capacity = max_len
+        # Token ids seen so far: a method's cache correction re-runs some of them (`recompute`).
+        if self.history is None or self.history.shape != (batch, max_len):
+            self.history = torch.empty(batch, max_len, dtype=torch.long, device=self.device)
 
     @torch.inference_mode()
     def forward(self, ids: torch.Tensor, phase: str, logits: str = "last") -> torch.Tensor | None:
@@ -73,19 +81,40 @@ class Engine:
         start = self.seq_len
         if start + T > self.capacity:
             raise RuntimeError(f"sequence of {start + T} tokens exceeds the engine's capacity {self.capacity}")
-        positions = torch.arange(start, start + T, device=self.device)
-        step = Step(phase=phase, start=start, length=T, positions=positions)
-        self.method.begin(step)
-        h = self.embed(ids)
-        for i, layer in enumerate(self.layers):
-            h = h + self._attention(i, layer, layer.input_layernorm(h))
-            h = h + layer.mlp(layer.post_attention_layernorm(h))
+        h = self._layers(ids, phase, start)
         self.seq_len = start + T
         if logits == "none":
             return None
         if logits == "last":
             h = h[:, -1]
         return self.lm_head(self.norm(h)).float()
+
+    def _layers(self, ids: torch.Tensor, phase: str, start: int,
+                positions: torch.Tensor | None = None) -> torch.Tensor:
+        """Tokens `ids` [B, T] at positions start.. through every layer; returns hidden states.
+        Under CUDA-graph capture `positions` is a static device tensor and `start` is only the
+        value at capture time (graph-safe methods read positions, never start)."""
+        T = ids.shape[1]
+        graphed = positions is not None
+        if positions is None:
+            positions = torch.arange(start, start + T, device=self.device)
+        self.rope.new_step()
+        self.method.begin(Step(phase=phase, start=start, length=T, positions=positions, graphed=graphed))
+        if graphed:
+            self.history.index_copy_(1, positions, ids)
+        else:
+            self.history[:, start:start + T] = ids
+        h = self.embed(ids)
+        for i, layer in enumerate(self.layers):
+            h = h + self._attention(i, layer, layer.input_layernorm(h))
+            h = h + layer.mlp(layer.post_attention_layernorm(h))
+        return h
+
+    @torch.inference_mode()
+    def recompute(self, start: int, end: int) -> None:
+        """Re-run cached tokens start..end-1 as a phase "correct" step (no logits, seq_len unchanged):
+        the method rewrites their KV densely (TidalDecode's cache correction)."""
+        self._layers(self.history[:, start:end], "correct", start)
 
     def _attention(self, i: int, layer, x: torch.Tensor) -> torch.Tensor:
         attn = layer.self_attn
@@ -115,9 +144,18 @@ class Engine:
             return None
         return torch.cat(outs, dim=1) if logits == "all" else outs[-1]
 
+    @torch.inference_mode()
     def decode(self, token: torch.Tensor) -> torch.Tensor:
-        """One decode step: token [B] -> logits [B, V]."""
-        return self.forward(token.view(-1, 1), "decode", logits="last")
+        """One decode step: token [B] -> logits [B, V]. A method asking for a cache correction
+        (`correction_span`) gets it right after the step; its cost counts in the decode time."""
+        if self.graphs is not None and self.graphs.usable():
+            logits = self.graphs.step(token)
+        else:
+            logits = self.forward(token.view(-1, 1), "decode", logits="last")
+        span = self.method.correction_span(self.seq_len)
+        if span is not None:
+            self.recompute(*span)
+        return logits
 
     # --- generation ------------------------------------------------------------------------------
     @torch.inference_mode()

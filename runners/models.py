@@ -89,7 +89,9 @@ def config_from_arch(arch: dict):
     """An HF config with the model's real shapes, from the `arch` block of its YAML."""
     from transformers import AutoConfig
 
-    arch = dict(arch)
+    from omegaconf import OmegaConf
+
+    arch = OmegaConf.to_container(arch, resolve=True) if OmegaConf.is_config(arch) else dict(arch)
     model_type = arch.pop("model_type")
     return AutoConfig.for_model(model_type, **arch)
 
@@ -105,10 +107,8 @@ def load(model_cfg, device: torch.device, dtype: torch.dtype):
         with torch.device(device):
             model = AutoModelForCausalLM.from_config(config, dtype=dtype)
         tokenizer = None
-        try:  # a tokenizer is optional for latency work; use one if it is at hand offline
+        if model_cfg.get("path") or model_cfg.get("gguf"):  # local only: never wait on the hub here
             tokenizer = _load_tokenizer(model_cfg)
-        except Exception:
-            pass
         return _ready(model), tokenizer
 
     if model_cfg.get("path"):

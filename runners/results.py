@@ -104,6 +104,8 @@ def environment() -> dict:
 
 
 def git_commit() -> str | None:
+    if os.environ.get("HARNESS_COMMIT"):  # a copy of the tree without .git (e.g. a GPU box)
+        return os.environ["HARNESS_COMMIT"]
     try:
         root = Path(__file__).resolve().parents[1]
         out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True,

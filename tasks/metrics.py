@@ -451,10 +451,10 @@ def _rouge_scorer(types: tuple[str, ...], use_stemmer: bool):
     return _ROUGE_SCORERS[key]
 
 
-def rouge(prediction: str, reference: str, types: tuple[str, ...] = ROUGE_TYPES,
-          use_stemmer: bool = True, precision_recall: bool = False) -> dict[str, float]:
-    """Google `rouge-score` F-measure x100 per type (the de-facto setting: use_stemmer=True, per-sample
-    scores averaged by the caller). `rougeLsum` splits sentences on newlines only, as rouge-score does.
+def rouge_scores(prediction: str, reference: str, types: tuple[str, ...] = ROUGE_TYPES,
+                 use_stemmer: bool = True, precision_recall: bool = False) -> dict[str, float]:
+    """Booksum: Google `rouge-score` (not LongBench's PyPI `rouge`) F-measure x100 per type, the
+    de-facto setting (use_stemmer=True, per-sample scores averaged by the caller). `rougeLsum` splits sentences on newlines only, as rouge-score does.
     With `precision_recall`, also `<type>_p` / `<type>_r` (x100): Cascading reported R/P/F.
     Empty prediction or reference -> 0 (rouge-score's own convention)."""
     scores = _rouge_scorer(tuple(types), bool(use_stemmer)).score(reference, prediction)  # target first
