@@ -50,11 +50,13 @@ def _run(cfg: DictConfig) -> dict:
     stop_ids = _stop_ids(tokenizer, cfg.model)
 
     done = out.done_ids()
-    todo = [s for s in task.limited() if s.id not in done]
+    # Samples are built lazily: a 1M-token passkey grid would otherwise sit in memory whole.
+    todo = (s for s in task.limited() if s.id not in done)
     common = {"task": cfg.task.name, "model": cfg.model.name, "method": cfg.method.name,
               "run_id": out.hash, "weights": cfg.model.get("weights", "pretrained"), "dtype": str(dtype),
               "device": str(device), "semantics": method.semantics(), "protocol": task.describe()}
-    bar = tqdm(total=len(todo) + len(done), initial=len(done), desc=f"{cfg.method.name}/{cfg.task.name}",
+    limit = cfg.task.get("limit")
+    bar = tqdm(total=int(limit) if limit is not None else None, initial=len(done), desc=f"{cfg.method.name}/{cfg.task.name}",
                disable=not cfg.runner.progress, mininterval=1.0, file=sys.stderr)
     for batch in _batches(todo, int(cfg.runner.batch_size)):
         for row in _run_batch(engine, task, batch, tokenizer, stop_ids, info):
@@ -108,7 +110,9 @@ def _batches(samples, size):
 
 def _run_batch(engine, task, batch, tokenizer, stop_ids, info):
     first = batch[0]
-    if len(first.input_ids) + first.max_new_tokens > info.max_position:
+    # Generation must stay within the model's positions. NLL runs are exempt on purpose: the
+    # Cascading PG-19 protocol streams books longer than the context through a bounded cache.
+    if task.mode != "nll" and len(first.input_ids) + first.max_new_tokens > info.max_position:
         raise HarnessError(f"sample {first.id}: {len(first.input_ids)} prompt + {first.max_new_tokens} new tokens "
                            f"exceeds the model's {info.max_position} positions")
     ids = torch.tensor([s.input_ids for s in batch], dtype=torch.long)
