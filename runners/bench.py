@@ -59,9 +59,10 @@ def floor_ms(model, info: ModelInfo, context: int, batch: int, dtype, bandwidth:
     return {"weights_gb": weights / 1e9, "kv_gb": kv / 1e9, "floor_ms": 1e3 * (weights + kv) / bandwidth}
 
 
-def bench_engine(model, info, ids, steps, clock, repeat, graphs=True):
-    method = build(OmegaConf.create({"name": "full", "prefill_chunk": None}), info)
-    eng = Engine(model, method, use_graphs=graphs)
+def bench_engine(model, info, ids, steps, clock, repeat, graphs=True, method_cfg=None):
+    """(prefill seconds, decode ms/token) of the engine with `method_cfg` (default full)."""
+    cfg = OmegaConf.create(method_cfg or {"name": "full", "prefill_chunk": None})
+    eng = Engine(model, build(cfg, info), use_graphs=graphs)
     B, L = ids.shape
     tok = ids[:, -1]
 
