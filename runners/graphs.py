@@ -29,7 +29,7 @@ class DecodeGraph:
         self.pos.fill_(eng.seq_len)
         self.graph.replay()
         eng.seq_len += 1
-        return self.logits
+        return self.logits.clone()  # the static buffer is overwritten by the next replay
 
     def _body(self) -> torch.Tensor:
         eng = self.engine
