@@ -113,6 +113,12 @@ class Method:
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rope) -> torch.Tensor:
         raise NotImplementedError
 
+    @staticmethod
+    def device_lengths(step: Step, batch: int) -> torch.Tensor:
+        """KV length after this step per sequence, int32 [B] on the device, computed from
+        `step.positions` (no host int): what the decode kernels read, CUDA-graph safe."""
+        return (step.positions[-1:] + 1).to(torch.int32).expand(batch).contiguous()
+
     def correction_span(self, seq_len: int) -> tuple[int, int] | None:
         """Asked by the engine after each decode step: a span (start, end) of cached tokens to re-run
         densely (TidalDecode's KV cache correction), or None. The engine then feeds those tokens

@@ -1,8 +1,6 @@
 """Full (dense) attention: the reference all sparse methods must equal at budget >= context."""
 from __future__ import annotations
 
-import torch
-
 from methods import attention
 from methods.base import Method, register
 from methods.stores import FullStore
@@ -24,7 +22,7 @@ class Full(Method):
         if step.phase == "decode" and step.positions.is_cuda:
             # KV length per sequence as a device tensor: the decode kernel reads it, so the step
             # has no host-side length and can be replayed from a CUDA graph.
-            self.lengths = (step.positions[-1:] + 1).to(torch.int32).expand(self.batch).contiguous()
+            self.lengths = self.device_lengths(step, self.batch)
 
     def attend(self, layer, q, k, v, rope):
         step = self.step

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import torch
 
+import kernels
 from methods import attention
 from methods.base import Method, register
 from methods.stores import FullStore, PageBounds, padded_capacity
@@ -30,6 +31,7 @@ from runners.errors import ConfigError
 @register
 class Quest(Method):
     name = "quest"
+    graph_safe = True  # the CUDA decode path (kernels, device lengths) is static-shape
 
     def __init__(self, cfg):
         super().__init__(cfg)
@@ -65,6 +67,7 @@ class Quest(Method):
         self.bounds.allocate(info.num_layers, batch, info.num_kv_heads, cap, info.head_dim, device, dtype)
         self._heads = {}
         self.selected: dict[int, torch.Tensor] = {}
+        self.batch = batch
 
     def begin(self, step):
         super().begin(step)
@@ -73,11 +76,16 @@ class Quest(Method):
         # Host ints only: the selection sizes never need a device sync.
         self.n_pages = n_pages
         self.n_select = min(max(self.min_pages, self.budget // self.page_size), n_pages)
+        if step.phase == "decode" and step.positions.is_cuda:
+            self.lengths = self.device_lengths(step, self.batch)
+            self.pages_valid = (self.lengths - 1) // self.page_size + 1
 
     def attend(self, layer, q, k, v, rope):
         step = self.step
         q = rope.apply(q, step.positions)
         k = rope.apply(k, step.positions)
+        if step.phase == "decode" and q.is_cuda:
+            return self._attend_kernels(layer, q, k, v)
         self.store.write(layer, step.start, k, v)
         self.bounds.update(layer, self.store.k[layer], step.start, step.end)
         keys, values = self.store.view(layer, step.end)
@@ -90,6 +98,34 @@ class Quest(Method):
         self.record(layer, attended)
         self._heads[layer] = attended
         return out
+
+    def _attend_kernels(self, layer, q, k, v):
+        """GPU decode: Triton kernels (page bounds update, bounds, page-sparse attention) over the
+        full-capacity store with lengths on the device: no host sync, graph-capturable. Same
+        selection rule as `select`: top max(min_pages, budget // page_size) pages (clamped by the
+        valid pages through `counts`), the current page forced with include_current_page."""
+        keys, values = self.store.k[layer], self.store.v[layer]
+        pos = self.step.positions
+        keys.index_copy_(2, pos, k)
+        values.index_copy_(2, pos, v)
+        kmin, kmax = self.bounds.kmin[layer], self.bounds.kmax[layer]
+        kernels.quest_update_pages(kmin, kmax, k, self.lengths - 1, self.page_size)
+        B = q.shape[0]
+        q1, scale = q[:, :, 0].contiguous(), self.info.scaling
+        if layer < self.dense_layers:
+            self.record(layer, self.lengths)
+            out = kernels.decode_attention(q1, keys, values, self.lengths, scale, max_length=self.store.capacity)
+            return out.view(B, 1, -1)
+        scores = kernels.quest_page_scores(q1, kmin, kmax, self.pages_valid)  # [B, Hq, n_pages]
+        if self.pool == "kv_head":
+            Hq, P = scores.shape[1:]
+            scores = scores.view(B, self.info.num_kv_heads, Hq // self.info.num_kv_heads, P).sum(2)
+        k_pages = max(self.min_pages, self.budget // self.page_size)
+        pages, counts = kernels.quest_topk_pages(scores, k_pages, self.pages_valid, force_last=self.include_current)
+        self.selected[layer] = pages
+        self.record(layer, counts * self.page_size)  # whole pages (the current one may be partial)
+        out = kernels.sparse_decode_pages(q1, keys, values, pages, counts, self.page_size, self.lengths, scale)
+        return out.view(B, 1, -1)
 
     def select(self, layer: int, q: torch.Tensor) -> torch.Tensor:
         """Page indices [B, H, k] (H = Hq, or Hkv with pool=kv_head) for rotated decode query q."""

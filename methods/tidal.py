@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import torch
 
+import kernels
 from methods import attention
 from methods.base import Method, register
 from methods.stores import FullStore
@@ -37,6 +38,7 @@ RESELECT = 13  # the scripts' correction_layer for 32-layer Llama-3 (the code's 
 @register
 class TidalDecode(Method):
     name = "tidal"
+    graph_safe = True  # the CUDA decode path (kernels, device lengths) is static-shape
 
     def __init__(self, cfg):
         super().__init__(cfg)
@@ -52,7 +54,6 @@ class TidalDecode(Method):
         self.index: torch.Tensor | None = None
         self.selected: dict[int, torch.Tensor] = {}  # selection layer -> its token set (for tests/analysis)
         self._clean_end = 0   # tokens before this position have dense-computed KV
-        self._since = 0       # decode steps since the last prefill or correction
 
     @classmethod
     def validate(cls, cfg, info):
@@ -81,22 +82,24 @@ class TidalDecode(Method):
         self.info = info
         self.store = FullStore()
         self.store.allocate(info.num_layers, batch, info.num_kv_heads, max_len, info.head_dim, device, dtype)
-        self._clean_end = self._since = 0
+        self.batch = batch
+        self._clean_end = 0
 
     def begin(self, step):
         super().begin(step)
         self.index = None
         self.selected = {}
-        self.k = min(self.budget, step.end)  # host int: tokens per set this step
-        if step.phase == "decode":
-            self._since += 1
-        else:  # a dense prefill chunk or a correction leaves every token up to step.end clean
+        self.k = min(self.budget, step.end)  # host int: tokens per set this step (CPU path)
+        if step.phase == "decode" and step.positions.is_cuda:
+            self.lengths = self.device_lengths(step, self.batch)
+        if step.phase != "decode":  # a dense prefill chunk or a correction leaves tokens < end clean
             self._clean_end = max(self._clean_end, step.end)
-            self._since = 0
 
     def correction_span(self, seq_len: int) -> tuple[int, int] | None:
-        """Engine hook after each decode step: the span of sparsely decoded tokens to recompute."""
-        if self.correction_interval and self._since >= self.correction_interval and seq_len > self._clean_end:
+        """Engine hook after each decode step: the span of sparsely decoded tokens to recompute.
+        Derived from seq_len (not counted in `begin`): a decode step replayed from a CUDA graph
+        runs no Python."""
+        if self.correction_interval and seq_len - self._clean_end >= self.correction_interval:
             return self._clean_end, seq_len
         return None
 
@@ -104,6 +107,8 @@ class TidalDecode(Method):
         step = self.step
         q = rope.apply(q, step.positions)
         k = rope.apply(k, step.positions)
+        if step.phase == "decode" and q.is_cuda:
+            return self._attend_kernels(layer, q, k, v)
         self.store.write(layer, step.start, k, v)  # a correction step overwrites the polluted KV here
         keys, values = self.store.view(layer, step.end)
         scale = self.info.scaling
@@ -118,6 +123,44 @@ class TidalDecode(Method):
             return out
         self.record(layer, self.k)
         return attention.gathered(q, keys, values, self.index, scale=scale)
+
+    def _attend_kernels(self, layer, q, k, v):
+        """GPU decode: Triton kernels over the full-capacity store, lengths on the device, fixed
+        set size (budget; `counts` hide what is not filled yet): no host sync, graph-capturable."""
+        keys, values = self.store.k[layer], self.store.v[layer]
+        pos = self.step.positions
+        keys.index_copy_(2, pos, k)
+        values.index_copy_(2, pos, v)
+        B, Hq = q.shape[:2]
+        q1, cap, scale = q[:, :, 0].contiguous(), self.store.capacity, self.info.scaling
+        if layer < self.dense_layers:
+            self.record(layer, self.lengths)
+            return kernels.decode_attention(q1, keys, values, self.lengths, scale, max_length=cap).view(B, 1, -1)
+        if layer in self.selection_layers:
+            out, scores = kernels.selection_attention(q1, keys, values, self.lengths, scale, max_length=cap)
+            scores = self._rank(scores, pos)
+            self.index, self.counts = kernels.topk_positions(scores, self.lengths, self.budget)
+            self.selected[layer] = self.index
+            self.record(layer, self.lengths)
+            return out.view(B, 1, -1)
+        self.record(layer, self.counts)
+        out = kernels.sparse_decode_tokens(q1, keys, values, self.index, self.counts, scale)
+        return out.view(B, 1, -1)
+
+    def _rank(self, scores: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        """Scores [B, Hq, S] (-inf past the length) -> the ranking the sets are drawn from:
+        per KV head for select=kv_head, the current token first for include_current."""
+        if self.select == "kv_head":
+            B, Hq, S = scores.shape
+            grouped = scores.view(B, self.info.num_kv_heads, Hq // self.info.num_kv_heads, S)
+            if self.group_score == "softmax_sum":
+                scores = torch.softmax(grouped * self.info.scaling, dim=-1).sum(2)
+                scores = scores.masked_fill(grouped[:, :, 0] == float("-inf"), float("-inf"))
+            else:
+                scores = grouped.amax(2)
+        if self.include_current:
+            scores = scores.index_fill(-1, pos[-1:], float("inf"))
+        return scores
 
     def _top(self, scores: torch.Tensor) -> torch.Tensor:
         """Top-k token indices [B, H, k] from unscaled fp32 scores [B, Hq, L]."""

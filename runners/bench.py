@@ -59,8 +59,8 @@ def floor_ms(model, info: ModelInfo, context: int, batch: int, dtype, bandwidth:
     return {"weights_gb": weights / 1e9, "kv_gb": kv / 1e9, "floor_ms": 1e3 * (weights + kv) / bandwidth}
 
 
-def bench_engine(model, info, ids, steps, clock, repeat, graphs=True, method_cfg=None):
-    """(prefill seconds, decode ms/token) of the engine with `method_cfg` (default full)."""
+def bench_engine(model, info, ids, steps, clock, repeat, graphs=True, method_cfg=None, time_prefill=True):
+    """(prefill seconds or None, decode ms/token) of the engine with `method_cfg` (default full)."""
     cfg = OmegaConf.create(method_cfg or {"name": "full", "prefill_chunk": None})
     eng = Engine(model, build(cfg, info), use_graphs=graphs)
     B, L = ids.shape
@@ -70,8 +70,10 @@ def bench_engine(model, info, ids, steps, clock, repeat, graphs=True, method_cfg
         eng.reset(B, L + steps + 8)
         eng.prefill(ids)
 
-    prefill()  # warm-up (kernel selection, allocator)
-    prefill_s = clock(prefill, repeat)
+    prefill_s = None
+    if time_prefill:
+        prefill()  # warm-up (kernel selection, allocator)
+        prefill_s = clock(prefill, repeat)
 
     def decode():
         for _ in range(steps):
