@@ -1,0 +1,118 @@
+"""The catalogue: every paper item (items.yaml, the full map of shared/PAPERS.md) and, for the items
+implemented so far, their sweep per profile and their renderer (analysis/<paper>.py).
+
+An implemented item names:
+  sweeps[profile]   Hydra override lists (comma sweeps allowed) whose runs produce its rows; every
+                    list names task=, model= and method= explicitly, so a run matches a cell by value.
+  label(values)     the (block, row, column) of one run in the rendered table, from its overrides.
+  render(...)       writes results/tables/<key>.md + .csv and results/figures/<key>.png.
+  paper             the paper's reported numbers (analysis/paper_numbers/<paper>.yaml).
+"""
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+HERE = Path(__file__).resolve().parent
+PAPERS = {"tidal": "TidalDecode", "tactic": "Tactic", "lychee": "LycheeDecode", "ltri": "Ltri-LLM",
+          "cascade": "Cascading KV Cache"}
+PROFILES = ("paper", "embedded")
+
+
+class NotImplementedItem(Exception):
+    """An item the catalogue knows but cannot run or render yet (one clear line, exit code 2)."""
+
+
+@dataclass
+class Impl:
+    title: str
+    sweeps: dict[str, list[list[str]]]
+    label: Callable[[dict[str, Any]], tuple[str, str, Any]]
+    render: Callable[..., list[Path]]
+    paper: list[dict[str, Any]] = field(default_factory=list)   # rows {block,row,col,paper}
+    setup: dict[str, str] = field(default_factory=dict)          # profile -> what "ours" ran
+    paper_setup: str = ""
+    metric: str = "accuracy"
+    scale: float = 100.0
+
+
+@dataclass
+class Item:
+    key: str
+    siblings: list[str]            # other keys of the same PAPERS.md row
+    content: str
+    methods: str
+    task: str
+    setup: str
+    impl: Impl | None = None
+
+    @property
+    def paper(self) -> str:
+        return self.key.split(".", 1)[0]
+
+    @property
+    def implemented(self) -> bool:
+        return self.impl is not None
+
+    def require(self) -> Impl:
+        if self.impl is None:
+            raise NotImplementedItem(
+                f"{self.key} ({self.content}; {self.methods}; {self.task}) is in the catalogue but not "
+                f"implemented in analysis/ yet; implemented: {', '.join(implemented_keys())}")
+        return self.impl
+
+    def target(self) -> str:
+        return self.key.replace(".", "-")
+
+
+_ITEMS: dict[str, Item] | None = None
+
+
+def items() -> dict[str, Item]:
+    """key -> Item, in catalogue order, implementations attached."""
+    global _ITEMS
+    if _ITEMS is None:
+        raw = yaml.safe_load((HERE / "items.yaml").read_text())
+        out: dict[str, Item] = {}
+        for entries in raw.values():
+            for e in entries:
+                for k in e["keys"]:
+                    out[k] = Item(k, [s for s in e["keys"] if s != k], e["content"], e["methods"], e["task"],
+                                  e.get("setup", ""))
+        from analysis import tidal
+
+        for k, impl in tidal.IMPLEMENTATIONS.items():
+            out[k].impl = impl
+        _ITEMS = out
+    return _ITEMS
+
+
+def implemented_keys() -> list[str]:
+    return [k for k, it in items().items() if it.implemented]
+
+
+def get(key: str) -> Item:
+    all_items = items()
+    if key in all_items:
+        return all_items[key]
+    alt = key.replace("-", ".", 1) if "." not in key else key    # accept the make-target spelling
+    if alt in all_items:
+        return all_items[alt]
+    raise KeyError(f"unknown item {key!r}; `python -m analysis list` shows the catalogue")
+
+
+def table_key(number: int, paper: str) -> str:
+    """`make table<N>` -> the key of table N of `paper`, ranges included (table7-12 holds 9)."""
+    if paper not in PAPERS:
+        raise KeyError(f"unknown paper {paper!r}; one of {', '.join(PAPERS)}")
+    for key in items():
+        p, _, name = key.partition(".")
+        m = re.fullmatch(r"table(\d+)(?:-(\d+))?", name)
+        if p == paper and m and int(m.group(1)) <= number <= int(m.group(2) or m.group(1)):
+            return key
+    raise KeyError(f"{PAPERS[paper]} has no table {number} in the catalogue")
