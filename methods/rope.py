@@ -47,5 +47,9 @@ class Rope:
     def apply(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Rotate x [B, H, T, D] by positions [T] (shared across batch) or [B, T]."""
         cos, sin = self.cos_sin(positions, x)
+        if x.is_cuda:  # one fused kernel instead of ~8 element-wise ones (same rounding)
+            from kernels.fused import rope
+
+            return rope(x, cos, sin)
         cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # broadcast over heads
         return (x * cos + rotate_half(x) * sin).to(x.dtype)

@@ -18,6 +18,7 @@ import torch
 from methods.base import Method, ModelInfo, Step
 from methods.rope import Rope
 from runners.errors import ConfigError
+from runners.fused_layers import FusedLayers
 from runners.graphs import DecodeGraph
 from runners.sampling import sample_next
 
@@ -39,7 +40,7 @@ class Generation:
 
 
 class Engine:
-    def __init__(self, model, method: Method, use_graphs: bool = True):
+    def __init__(self, model, method: Method, use_graphs: bool = True, use_fused: bool = True):
         cfg = model.config
         if cfg.model_type not in ("llama", "mistral", "qwen2", "qwen3"):
             raise ConfigError(f"model family {cfg.model_type!r} is not supported by the engine")
@@ -62,6 +63,8 @@ class Engine:
         self.graphs = DecodeGraph(self) if (self.device.type == "cuda" and use_graphs
                                             and getattr(method, "graph_safe", False)) else None
         self.history: torch.Tensor | None = None
+        # On CUDA: fused projections and element-wise kernels (runners/fused_layers.py).
+        self.fused = FusedLayers.of(model) if (use_fused and FusedLayers.supported(model)) else None
 
     # --- sequence life cycle -----------------------------------------------------------------
     def reset(self, batch: int, max_len: int) -> None:
@@ -105,6 +108,8 @@ class Engine:
         else:
             self.history[:, start:start + T] = ids
         h = self.embed(ids)
+        if self.fused is not None:
+            return self.fused.run(self, h)
         for i, layer in enumerate(self.layers):
             h = h + self._attention(i, layer, layer.input_layernorm(h))
             h = h + layer.mlp(layer.post_attention_layernorm(h))

@@ -6,7 +6,7 @@ what=${1:-all}
 out=${OUT:-results/bench}
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
 if [[ $what == tests || $what == all ]]; then
-  python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_engine_gpu.py tests/test_methods_gpu.py \
+  python3 -m pytest -q -p no:cacheprovider tests/test_kernels_fused.py tests/test_engine_gpu.py tests/test_methods_gpu.py \
     tests/test_kernels_gpu.py 2>&1 | tail -25 | tee "$out/gpu_tests.log"
 fi
 if [[ $what == engine || $what == all ]]; then
