@@ -36,10 +36,10 @@ if HAVE_TRITON:
     @triton.jit
     def _rope_kernel(X, C, S, Y, HEADS, T, s_xb, s_xh, s_xt, s_cb, s_ct, s_yb, s_yh, s_yt,
                      D: tl.constexpr):
-        # one program per (batch*head, token): y = x*cos + rotate_half(x)*sin, each product
+        # one program per (token, batch*head): y = x*cos + rotate_half(x)*sin, each product
         # rounded to the dtype like the eager expression
-        pid = tl.program_id(0)
-        t = tl.program_id(1)
+        t = tl.program_id(0)  # tokens on grid axis 0: axis 1 is capped at 65535 (a 128K prefill)
+        pid = tl.program_id(1)
         b = (pid // HEADS).to(tl.int64)
         h = pid % HEADS
         half = D // 2
@@ -119,7 +119,7 @@ def rope(x, cos, sin):
     sin = sin.expand(B, T, D) if sin.shape[0] == 1 else sin
     assert cos.stride() == sin.stride() and cos.stride(-1) == 1
     y = torch.empty(B, H, T, D, device=x.device, dtype=x.dtype)
-    kernel_for(_rope_kernel, x)[(B * H, T)](
+    kernel_for(_rope_kernel, x)[(T, B * H)](
         x, cos, sin, y, H, T, x.stride(0), x.stride(1), x.stride(2), cos.stride(0), cos.stride(1),
         y.stride(0), y.stride(1), y.stride(2), D=D, num_warps=1)
     return y
