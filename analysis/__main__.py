@@ -2,18 +2,21 @@
 
   list                      every paper item (implemented or not) with its Make target
   status KEY                the item's cells: done / partial / missing / not implemented
-  run KEY                   launch the missing runs (Hydra multiruns of run.py; resumable)
+  run KEY                   launch the missing runs (Hydra multiruns of run.py; resumable); for a
+                            latency item, print the GPU command that writes its benchmark JSON
   render KEY                results/tables/KEY.md + .csv, results/figures/KEY.png from stored runs
+                            (latency items: from the benchmark JSON under --bench)
   make KEY                  run, then render (what `make <paper>-<item>` calls)
   table N [--paper P]       make the catalogue's table N of paper P (default lychee)
   tables                    render every implemented item that has results
   makefile                  print analysis/targets.mk
 
 Options: --profile paper|embedded (default embedded), --launcher local|submitit_local|slurm,
---results DIR (default results/runs), --out DIR (default results), --dry-run (print the commands).
+--results DIR (default results/runs), --bench DIR (default results/bench: the GPU benchmark JSON of
+the latency items), --out DIR (default results), --dry-run (print the commands).
 Hydra overrides after `--` are added to every run of the sweep and to the matching, e.g.
 `python -m analysis make tidal.table1 --profile paper -- task.haystack_dir=/data/pg19_mini.jsonl`.
-Exit code 2 with one line for an unknown or not yet implemented item.
+Exit code 2 with one line for an unknown or not yet implemented item, or a missing benchmark JSON.
 """
 from __future__ import annotations
 
@@ -23,7 +26,7 @@ import time
 from pathlib import Path
 
 from analysis import catalogue
-from analysis.catalogue import NotImplementedItem
+from analysis.catalogue import MissingResults, NotImplementedItem
 
 
 def _cells(item, profile: str, extra: list[str], results: str):
@@ -45,8 +48,20 @@ def cmd_list(args) -> int:
     return 0
 
 
+def _bench_status(item, args) -> int:
+    bench = item.impl.bench
+    for name in bench.files:
+        path = Path(args.bench) / name
+        print(f"{'done' if path.exists() else 'missing':16s} {path}")
+    print(f"GPU benchmark (profile-independent); writes them: {bench.command}")
+    return 0
+
+
 def cmd_status(args) -> int:
-    cells = _cells(catalogue.get(args.key), args.profile, args.overrides, args.results)
+    item = catalogue.get(args.key)
+    if item.require().bench:
+        return _bench_status(item, args)
+    cells = _cells(item, args.profile, args.overrides, args.results)
     for c in cells:
         where = f" {c.run.path} ({c.run.n_rows}/{c.expected or '?'} rows)" if c.run else ""
         print(f"{c.status:16s} {c.block or '-'} | {c.row} | {c.col} :: {' '.join(c.overrides)}{where}")
@@ -65,6 +80,13 @@ def cmd_run(args) -> int:
     from analysis.launch import commands, launch, plan
 
     item = catalogue.get(args.key)
+    if item.require().bench:
+        bench = item.impl.bench
+        have = [n for n in bench.files if (Path(args.bench) / n).exists()]
+        print(f"{item.key}: GPU benchmark, not a Hydra sweep ({len(have)}/{len(bench.files)} JSON under "
+              f"{args.bench}); on the GPU machine (repo root) run:\n  {bench.command}\nthen put "
+              f"{', '.join(bench.files)} under {args.bench}/ and `python -m analysis render {item.key}`.")
+        return 0
     cells = _cells(item, args.profile, args.overrides, args.results)
     ni = sorted({c.values["method"] for c in cells if c.status == "not implemented"})
     for m in ni:
@@ -88,6 +110,13 @@ def cmd_render(args, quiet_if_empty: bool = False) -> int:
 
     item = catalogue.get(args.key)
     impl = item.require()
+    if impl.bench:
+        if quiet_if_empty and not all((Path(args.bench) / n).exists() for n in impl.bench.files):
+            return 0
+        paths = impl.bench.render(item, impl, catalogue.read_bench(item, args.bench), Path(args.out))
+        for p in paths:
+            print(f"wrote {p}")
+        return 0
     cells = _cells(item, args.profile, args.overrides, args.results)
     if quiet_if_empty and not any(c.run for c in cells):
         return 0
@@ -141,6 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--paper", default="lychee", choices=list(catalogue.PAPERS))
     p.add_argument("--launcher", default="local", choices=["local", "submitit_local", "slurm"])
     p.add_argument("--results", default="results/runs")
+    p.add_argument("--bench", default="results/bench")
     p.add_argument("--out", default="results")
     p.add_argument("--dry-run", action="store_true")
     args = p.parse_args(argv)
@@ -153,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
                "make": cmd_make, "table": cmd_table, "tables": cmd_tables, "makefile": cmd_makefile}
     try:
         return handler[args.command](args)
-    except (NotImplementedItem, KeyError, ValueError) as e:
+    except (NotImplementedItem, MissingResults, KeyError, ValueError) as e:
         msg = e.args[0] if e.args else str(e)
         print(f"error: {msg}", file=sys.stderr)
         return 2

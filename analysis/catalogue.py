@@ -7,6 +7,8 @@ An implemented item names:
   label(values)     the (block, row, column) of one run in the rendered table, from its overrides.
   render(...)       writes results/tables/<key>.md + .csv and results/figures/<key>.png.
   paper             the paper's reported numbers (analysis/paper_numbers/<paper>.yaml).
+A latency item instead names `bench`: the GPU benchmark JSON files (results/bench/) it renders from
+and the command that writes them; `run` prints that command, `render` reads the JSON.
 """
 from __future__ import annotations
 
@@ -28,6 +30,18 @@ class NotImplementedItem(Exception):
     """An item the catalogue knows but cannot run or render yet (one clear line, exit code 2)."""
 
 
+class MissingResults(Exception):
+    """A benchmark JSON an item renders from is not there (one clear line, exit code 2)."""
+
+
+@dataclass
+class Bench:
+    """A GPU-benchmark item: renders from JSON files, not from run rows."""
+    files: list[str]                 # file names under the bench directory (results/bench)
+    command: str                     # what writes them, run on the GPU machine from the repo root
+    render: Callable[..., list[Path]]   # render(item, impl, data: {file: json}, out_root) -> paths
+
+
 @dataclass
 class Impl:
     title: str
@@ -39,6 +53,7 @@ class Impl:
     paper_setup: str = ""
     metric: str = "accuracy"
     scale: float = 100.0
+    bench: Bench | None = None
 
 
 @dataclass
@@ -84,9 +99,9 @@ def items() -> dict[str, Item]:
                 for k in e["keys"]:
                     out[k] = Item(k, [s for s in e["keys"] if s != k], e["content"], e["methods"], e["task"],
                                   e.get("setup", ""))
-        from analysis import tidal
+        from analysis import tidal, tidal_latency
 
-        for k, impl in tidal.IMPLEMENTATIONS.items():
+        for k, impl in {**tidal.IMPLEMENTATIONS, **tidal_latency.IMPLEMENTATIONS}.items():
             out[k].impl = impl
         _ITEMS = out
     return _ITEMS
@@ -116,3 +131,19 @@ def table_key(number: int, paper: str) -> str:
         if p == paper and m and int(m.group(1)) <= number <= int(m.group(2) or m.group(1)):
             return key
     raise KeyError(f"{PAPERS[paper]} has no table {number} in the catalogue")
+
+
+def read_bench(item: Item, bench_dir: str | Path) -> dict[str, Any]:
+    """file name -> parsed JSON of a latency item's benchmark files; MissingResults names the first
+    one absent and the command that writes it."""
+    import json
+
+    bench = item.require().bench
+    data = {}
+    for name in bench.files:
+        path = Path(bench_dir) / name
+        if not path.exists():
+            raise MissingResults(f"{item.key} renders from {path}, which does not exist; write it on the GPU "
+                                 f"machine (repo root): {bench.command}")
+        data[name] = json.loads(path.read_text())
+    return data

@@ -29,6 +29,8 @@ def generate() -> str:
             "table%: install", "\t$(ANALYSIS) table $* --paper $(PAPER) $(ANALYSIS_OPTS)", ""]
     for key, it in items.items():
         state = "" if it.implemented else "  (not implemented yet: prints why and exits 2)"
+        if it.implemented and it.impl.bench:
+            state = "  (GPU benchmark: renders results/bench/*.json; prints the GPU command that writes it)"
         out += [f"# {key}: {it.content}{state}", f"{it.target()}: install",
                 f"\t$(ANALYSIS) make {key} $(ANALYSIS_OPTS)", ""]
     return "\n".join(out)

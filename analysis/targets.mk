@@ -49,19 +49,19 @@ tidal-table3: install
 tidal-table4: install
 	$(ANALYSIS) make tidal.table4 $(ANALYSIS_OPTS)
 
-# tidal.fig6: end-to-end decode latency 10K/32K/100K  (not implemented yet: prints why and exits 2)
+# tidal.fig6: end-to-end decode latency 10K/32K/100K  (GPU benchmark: renders results/bench/*.json; prints the GPU command that writes it)
 tidal-fig6: install
 	$(ANALYSIS) make tidal.fig6 $(ANALYSIS_OPTS)
 
-# tidal.fig7: attention latency, 32 and 64 layers  (not implemented yet: prints why and exits 2)
+# tidal.fig7: attention latency, 32 and 64 layers  (GPU benchmark: renders results/bench/*.json; prints the GPU command that writes it)
 tidal-fig7: install
 	$(ANALYSIS) make tidal.fig7 $(ANALYSIS_OPTS)
 
-# tidal.fig8: kernel breakdown: full, selection, sparse, Quest  (not implemented yet: prints why and exits 2)
+# tidal.fig8: kernel breakdown: full, selection, sparse, Quest  (GPU benchmark: renders results/bench/*.json; prints the GPU command that writes it)
 tidal-fig8: install
 	$(ANALYSIS) make tidal.fig8 $(ANALYSIS_OPTS)
 
-# tidal.table5-6: e2e latency, K=32..4096 x 10K/32K/100K  (not implemented yet: prints why and exits 2)
+# tidal.table5-6: e2e latency, K=32..4096 x 10K/32K/100K  (GPU benchmark: renders results/bench/*.json; prints the GPU command that writes it)
 tidal-table5-6: install
 	$(ANALYSIS) make tidal.table5-6 $(ANALYSIS_OPTS)
 

@@ -183,3 +183,72 @@ def test_nothing_done_launches_the_sweeps_as_written(tmp_path, capsys):
     cmds = [line for line in capsys.readouterr().out.splitlines() if line.startswith("$ python")]
     assert len(cmds) == 2                           # tidal layers x budgets, quest budgets: one array each
     assert "method.reselect_layer=null,3,4," in cmds[0] and "method.budget=32,64,128,256,512" in cmds[0]
+
+
+# --- latency items: rendered from benchmark JSON ---------------------------------------------------
+
+def fake_bench(d: Path) -> Path:
+    """Small tpot/kernels JSON in the writers' formats (runners/bench_tpot.py, bench_kernels.py)."""
+    d.mkdir(parents=True, exist_ok=True)
+    for model, contexts in (("llama2_7b", (10240, 32768)), ("llama3", (10240, 32768, 102400))):
+        rows = []
+        for s in contexts:
+            full = 8.0 + s / 10240
+            rows.append({"context": s, "method": "full", "budget": None, "batch": 1, "tpot_ms": full, "floor_ms": 5.0})
+            for k in (32, 4096):
+                rows += [{"context": s, "method": "quest", "budget": k, "batch": 1, "tpot_ms": 8.5, "floor_ms": 5.0},
+                         {"context": s, "method": "tidal", "budget": k, "batch": 1, "tpot_ms": 6.5, "floor_ms": 5.0}]
+        (d / f"tpot_{model}_h100.json").write_text(json.dumps(
+            {"bench": "tpot", "model": model, "device": "NVIDIA H100 80GB HBM3", "rows": rows}))
+    rows = []
+    for s in (10240, 131072):
+        full = 0.02 * s / 10240
+        rows.append({"op": "full", "B": 1, "S": s, "ms_ours": full, "ms_sdpa": full * 1.05, "ms_selection": full * 1.05,
+                     "ms_selection_topk": full * 2})
+        rows += [{"op": op, "B": 1, "S": s, "budget": 512, "sets": sets, "ms": 0.005}
+                 for op in ("tokens", "pages16") for sets in ("Hq", "Hkv")]
+    rows.append({"op": "quest", "B": 1, "S": 131072, "ms_scores": 0.01, "ms_scores_topk": 0.1, "ms_update1": 0.004})
+    (d / "kernels_llama3_h100.json").write_text(json.dumps({"meta": {"device": "NVIDIA H100 80GB HBM3"}, "rows": rows}))
+    return d
+
+
+LATENCY = ("tidal.fig6", "tidal.table5-6", "tidal.fig7", "tidal.fig8")
+
+
+def test_latency_items_render_from_bench_json(tmp_path, capsys):
+    bench, out = fake_bench(tmp_path / "bench"), tmp_path / "out"
+    for key in LATENCY:
+        assert main(["render", key, "--bench", str(bench), "--out", str(out)]) == 0
+        md = (out / "tables" / f"{key}.md").read_text()
+        assert "H100" in md and "A100" in md and "not comparable across GPUs" in md
+        assert (out / "figures" / f"{key}.png").stat().st_size > 1000
+        df = pd.read_csv(out / "tables" / f"{key}.csv")
+        assert {"ours", "paper", "device_ours", "device_paper"} <= set(df.columns)
+    fig6 = (out / "tables" / "tidal.fig6.md").read_text()
+    assert "| Full (ms) | 9.00 (19.22) |" in fig6                        # ours (paper), llama2_7b @ 10K
+    assert "1.38x (1.13x)" in fig6                                       # TD speedup 9/6.5 vs 19.22/16.94
+    t56 = (out / "tables" / "tidal.table5-6.md").read_text()
+    assert "| 10K | 9.00 (19.22) | 6.50 (16.94) | — (17.18) |" in t56      # Table 5, K=64 not measured
+    assert "| 100K | — (45.70) |" in t56                                  # llama2_7b has no 100K run
+    fig7 = (out / "tables" / "tidal.fig7.md").read_text()
+    assert "(5.56x)" in fig7 and "(2.17x)" in fig7 and "~" in fig7        # 10K Quest: scaled estimate
+    assert "2 x full (dense layers 0-1) + (L-2)" in fig7                  # the composition is stated
+    assert "(3.36x)" in (out / "tables" / "tidal.fig8.md").read_text()
+
+
+def test_latency_missing_json_is_one_clear_line(tmp_path, capsys):
+    assert main(["render", "tidal.table5-6", "--bench", str(tmp_path), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "tpot_llama2_7b_h100.json" in err and "gpu_session.sh tpot" in err
+    assert main(["make", "tidal.fig8", "--bench", str(tmp_path)]) == 2
+    assert "runners.bench_kernels" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+def test_latency_run_prints_the_gpu_command(tmp_path, capsys):
+    assert main(["run", "tidal.fig7", "--bench", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "python3 -m runners.bench_kernels --sweep --out results/bench/kernels_llama3_h100.json" in out
+    assert "$ python" not in out and "run.py" not in out              # no Hydra multirun launched
+    assert main(["status", "tidal.fig6", "--bench", str(fake_bench(tmp_path / "b"))]) == 0
+    assert "done" in capsys.readouterr().out
