@@ -37,6 +37,7 @@ def model_spec(model_cfg) -> ModelSpec:
         max_length=min(int(model_cfg.max_length), info.max_position),
         chat_template=bool(model_cfg.get("chat_template", True)),
         stop_tokens=list(model_cfg.get("stop_tokens") or []),
+        max_position=info.max_position,
     )
 
 

@@ -39,6 +39,11 @@ class ModelSpec:
     max_length: int                      # longest prompt the task may build (LongBench max length)
     chat_template: bool = True           # instruct model: may apply its chat template
     stop_tokens: list[str] = field(default_factory=list)
+    max_position: int | None = None      # positions the model supports: prompt + new tokens must fit
+
+    @property
+    def positions(self) -> int:
+        return self.max_position or self.max_length
 
 
 class Task:

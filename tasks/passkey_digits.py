@@ -90,6 +90,11 @@ class PasskeyDigits(Task):
         if too_long:
             raise ConfigError(f"task.lengths {too_long} exceed model {model.name} max_length "
                               f"{model.max_length}")
+        new = int(cfg.get("max_new_tokens", 50))
+        no_room = [x for x in lengths if x + new > model.positions]
+        if no_room:
+            raise ConfigError(f"task.lengths {no_room} + {new} new tokens exceed the {model.positions} "
+                              f"positions of model {model.name}")
         bins = [float(b) for b in cfg.bins]
         if not bins or any(b <= a for a, b in zip([0.0] + bins, bins)) or bins[-1] > 1.0:
             raise ConfigError(f"task.bins must increase within (0, 1], got {bins}")
