@@ -119,6 +119,7 @@ def load(model_cfg, device: torch.device, dtype: torch.dtype):
         source, kwargs = _materialize_gguf(model_cfg.gguf.package, model_cfg.gguf.file), {}
     else:
         source, kwargs = model_cfg.hub_id, {"revision": model_cfg.get("revision")}
+        _check_hub(source, kwargs["revision"])
     try:
         tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
         model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, **kwargs).to(device)
@@ -128,6 +129,24 @@ def load(model_cfg, device: torch.device, dtype: torch.dtype):
                                f"download it and pass model.path=DIR") from None
         raise HarnessError(f"cannot load the model from {source}: {str(e).splitlines()[0]}") from None
     return _ready(model), tokenizer
+
+
+def _check_hub(repo_id: str, revision: str | None) -> None:
+    """Fail fast, in one line, when a hub model is neither cached nor reachable (the hub client
+    would otherwise retry for about a minute and log every attempt)."""
+    from huggingface_hub import HfApi, try_to_load_from_cache
+
+    if isinstance(try_to_load_from_cache(repo_id, "config.json", revision=revision), str):
+        return  # in the local HF cache: loads offline
+    try:
+        HfApi().model_info(repo_id, revision=revision, timeout=10)
+    except Exception as e:
+        name = type(e).__name__
+        if "Gated" in name or "Unauthorized" in name or "401" in str(e) or "403" in str(e):
+            raise HarnessError(f"model {repo_id!r} is gated on the Hugging Face hub: accept its licence and "
+                               f"log in (huggingface-cli login), or pass model.path=DIR") from None
+        raise HarnessError(f"cannot load {repo_id!r} from the Hugging Face hub ({name}); download it and pass "
+                           f"model.path=DIR") from None
 
 
 def _load_tokenizer(model_cfg):
