@@ -59,10 +59,10 @@ def _paper_rows(block: str, columns: list[int], rows: dict) -> list[dict]:
 T1 = NUMBERS["table1"]
 
 
-def _table1_sweeps(model: str, task: list[str]) -> list[list[str]]:
+def _table1_sweeps(model: str, task: list[str], layers: str = "7") -> list[list[str]]:
     return [[*task, f"model={model}", f"method={m}", f"method.budget={_ks(KS)}"]
             for m in ("h2o", "tova", "streaming_llm", "quest")] + [
-        [*task, f"model={model}", "method=tidal", "method.reselect_layer=7", f"method.budget={_ks(KS)}"],
+        [*task, f"model={model}", "method=tidal", f"method.reselect_layer={layers}", f"method.budget={_ks(KS)}"],
         [*task, f"model={model}", "method=full"]]
 
 
@@ -71,7 +71,8 @@ TABLE1 = Impl(
     sweeps={
         "paper": _table1_sweeps("longchat_7b", ["task=niah", "task.haystack=pg19", "task.lengths=[10000]",
                                                 f"task.depths={DEPTHS10}", "task.rounds=10"]),
-        "embedded": _table1_sweeps("smollm2", EMBEDDED_TASK),
+        # L7 as in the paper, plus L14: SmolLM2's best re-selection layer (4K NIAH sweep, 2026-11-23)
+        "embedded": _table1_sweeps("smollm2", EMBEDDED_TASK, layers="7,14"),
     },
     label=lambda v: ("", row_label(v), _k(v)),
     render=lambda item, impl, df, profile, out: render.budget_table(
@@ -127,14 +128,14 @@ TABLE2 = Impl(
                   for s in _table2_sweeps(m, lens, layers, ["task=niah", "task.haystack=pg19",
                                                             f"task.depths={DEPTHS10}", f"task.rounds={rounds}"])],
         # three lengths standing in for 10K/32K/100K inside the 8K model; L31 does not exist (30 layers)
-        "embedded": _table2_sweeps("smollm2", [2048, 4096, 7936], [13, 14, 15],
+        "embedded": _table2_sweeps("smollm2", [2048, 4096, 7424], [13, 14, 15],
                                    ["task=niah", "task.haystack=noise", "task.depths=[20,80]", "task.rounds=1"]),
     },
     label=lambda v: (_t2_block(v), row_label(v), _k(v)),
     render=lambda item, impl, df, profile, out: render.budget_table(item, impl, df, profile, out),
     paper=[r for block, b in T2["blocks"].items() for r in _paper_rows(block, T2["columns"], b["rows"])],
     setup={"paper": "the paper's models and lengths, niah on PG-19, 10 depths x 5 rounds (70B: x 3).",
-           "embedded": "SmolLM2-135M-Instruct at 2048/4096/7936 tokens (standing in for 10K/32K/100K), "
+           "embedded": "SmolLM2-135M-Instruct at 2048/4096/7424 tokens (standing in for 10K/32K/100K), "
                        "noise haystack, depths 20/80 %, 1 round; TD+L13/14/15 (L31 needs 32 layers)."},
     paper_setup="Llama-3-8B-Instruct-Gradient-1048k (llama3), Llama-3.1-8B-Instruct (llama31_8b), "
                 "Llama-3-70B-Instruct-Gradient-1048k (llama3_70b); PG-19-mini haystack.",
