@@ -90,6 +90,14 @@ Notes. The paper says Table 1 runs "the same test as Quest" on LongChat-7B; Ques
 from that protocol rather than this needle test (unverified here). All our rows run the NIAH protocol
 of tasks/niah.py. TD+L7 = TidalDecode with re-selection layer 7; TidalDecode and Quest keep layers 0-1
 dense (method defaults), as the paper states.
+
+Embedded profile (SmolLM2-135M): the sparse rows are near 0 at K <= 512 although exact per-layer
+top-K attention answers 5/5 down to K=32. Diagnosed (2026-11-23, noise haystack, 4K, 4-5 samples):
+retrieval is spread over ~12 (layer, head) pairs on different head numbers (L7..L23), so TidalDecode's
+per-head set reuse across layers misses most needle mass (0.3 kept vs 0.9 for Quest), and Quest's
+page bound ranks the needle page 82nd of 257 in the main retrieval head (L18, KV head 2: wide key
+channels 31/63). Accuracy recovers at larger K: TD+L14 3/5 at 1024 and 5/5 at 2048, Quest 3/4 at
+2048. No implementation bug was found (bounds, positions, GQA mapping and page alignment checked).
 """
 
 
