@@ -177,7 +177,7 @@ def main(argv=None):
     env = environment()
     out = {"bench": "engine_vs_hf_static_cache", "model": args.model, "weights": args.weights,
            "dtype": str(dtype), "device": env.get("gpu", "cpu"), "torch_threads": torch.get_num_threads(),
-           "steps": args.steps, "bandwidth_bytes_s": args.bandwidth, "command": " ".join(sys.argv),
+           "steps": args.steps, "bandwidth_bytes_s": args.bandwidth, "command": "python -m runners.bench " + " ".join(sys.argv[1:]),
            "environment": env, "rows": rows}
     tag = "cpu" if device.type == "cpu" else env.get("gpu", "gpu").replace(" ", "_")
     path = Path(args.out or f"results/bench/engine_{args.model}_{tag}.json")

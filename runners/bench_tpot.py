@@ -97,7 +97,7 @@ def main(argv=None):
     out = {"bench": "tpot", "model": args.model, "weights": args.weights, "dtype": str(dtype),
            "device": env.get("gpu", "cpu"), "graphs": args.graphs, "steps": args.steps,
            "bandwidth_bytes_s": args.bandwidth, "weights_gb": weight_bytes / 1e9,
-           "command": " ".join(sys.argv), "environment": env, "rows": rows}
+           "command": "python -m runners.bench_tpot " + " ".join(sys.argv[1:]), "environment": env, "rows": rows}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(out, indent=2))
     print(f"wrote {args.out}")
