@@ -113,6 +113,13 @@ class Method:
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rope) -> torch.Tensor:
         raise NotImplementedError
 
+    def graph_key(self) -> tuple:
+        """Addresses of the buffers a captured decode graph reads and writes: the engine captures
+        again whenever they change (a graph replays raw pointers)."""
+        tensors = [getattr(obj, name) for obj in (getattr(self, "store", None), getattr(self, "bounds", None))
+                   if obj is not None for name in ("k", "v", "kmin", "kmax") if getattr(obj, name, None) is not None]
+        return tuple(t.data_ptr() for t in tensors)
+
     @staticmethod
     def device_lengths(step: Step, batch: int) -> torch.Tensor:
         """KV length after this step per sequence, int32 [B] on the device, computed from

@@ -13,7 +13,7 @@ class Full(Method):
 
     def setup(self, info, batch, max_len, device, dtype):
         self.info = info
-        self.store = FullStore()
+        self.store = getattr(self, "store", None) or FullStore()  # reuse: a captured graph points at it
         self.store.allocate(info.num_layers, batch, info.num_kv_heads, max_len, info.head_dim, device, dtype)
         self.batch = batch
 

@@ -61,9 +61,9 @@ class Quest(Method):
     def setup(self, info, batch, max_len, device, dtype):
         self.info = info
         cap = padded_capacity(max_len, self.page_size)  # a page is always one slice of the store
-        self.store = FullStore()
+        self.store = getattr(self, "store", None) or FullStore()  # reuse: a captured graph points at it
         self.store.allocate(info.num_layers, batch, info.num_kv_heads, cap, info.head_dim, device, dtype)
-        self.bounds = PageBounds(self.page_size)
+        self.bounds = getattr(self, "bounds", None) or PageBounds(self.page_size)
         self.bounds.allocate(info.num_layers, batch, info.num_kv_heads, cap, info.head_dim, device, dtype)
         self._heads = {}
         self.selected: dict[int, torch.Tensor] = {}

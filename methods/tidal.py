@@ -80,7 +80,7 @@ class TidalDecode(Method):
 
     def setup(self, info, batch, max_len, device, dtype):
         self.info = info
-        self.store = FullStore()
+        self.store = getattr(self, "store", None) or FullStore()  # reuse: a captured graph points at it
         self.store.allocate(info.num_layers, batch, info.num_kv_heads, max_len, info.head_dim, device, dtype)
         self.batch = batch
         self._clean_end = 0

@@ -22,7 +22,7 @@ class DecodeGraph:
     @torch.inference_mode()
     def step(self, token: torch.Tensor) -> torch.Tensor:
         eng = self.engine
-        key = (token.numel(), eng.capacity)
+        key = (token.numel(), eng.capacity, eng.method.graph_key(), eng.history.data_ptr())
         if self.key != key:
             self._capture(token, key)
         self.tok.copy_(token.view(-1))

@@ -41,3 +41,20 @@ def test_graph_decode_logits_match_eager_and_hf():
         eng.prefill(ids[:, :32])
         got = torch.stack([eng.decode(ids[:, t]).clone() for t in range(32, 64)], dim=1)
         assert (got - ref).abs().max().item() <= 1e-4, graphs
+
+
+def test_graph_recaptured_when_method_buffers_change():
+    """A captured graph replays raw pointers: new KV buffers at the same capacity must recapture."""
+    from methods.stores import FullStore
+
+    model = tiny("llama").cuda()
+    ids = torch.randint(0, 128, (1, 30), generator=torch.Generator().manual_seed(2)).cuda()
+    ref = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=16, do_sample=False,
+                         min_new_tokens=16, pad_token_id=0)[:, 30:].tolist()
+    eng = _engine(model, graphs=True)
+    assert eng.generate(ids, max_new_tokens=16).tokens == ref
+    first = eng.graphs.graph
+    keep = eng.method.store  # keep the old buffers alive so a stale graph would read them
+    eng.method.store = FullStore()
+    assert eng.generate(ids, max_new_tokens=16).tokens == ref
+    assert eng.graphs.graph is not first and keep is not eng.method.store
