@@ -42,10 +42,13 @@ class Passkey(Task):
         self._head = self.bos() + self.encode(DESCRIPTION + "\n")
         self._question = self.encode("\n" + QUESTION)
         longest = max(int(n) for n in cfg.lengths)
-        unit = self.encode(FILLER + " ")
-        # Tokenize enough repeats at once so the stream has the merges real text would have.
-        reps = longest // max(len(unit), 1) + 2
+        # Tokenize many repeats at once so the stream has the merges real text would have (joined
+        # repeats can take fewer tokens than one repeat times n: grow until it covers `longest`).
+        reps = longest // max(len(self.encode(FILLER + " ")), 1) + 2
         self._filler = self.encode(" ".join([FILLER] * reps))
+        while len(self._filler) < longest:
+            reps *= 2
+            self._filler = self.encode(" ".join([FILLER] * reps))
 
     def samples(self):
         rng = random.Random(int(self.cfg.seed))
