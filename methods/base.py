@@ -11,7 +11,6 @@ Shapes (B batch, T new tokens, Hq query heads, Hkv KV heads, D head dim):
 """
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -179,7 +178,3 @@ def register(cls: type[Method]) -> type[Method]:
         raise ValueError(f"method {cls.name!r} registered twice")
     REGISTRY[cls.name] = cls
     return cls
-
-
-def as_dataclass_dict(obj) -> dict:
-    return dataclasses.asdict(obj)

@@ -52,11 +52,19 @@ class Clock:
 def floor_ms(model, info: ModelInfo, context: int, batch: int, dtype, bandwidth: float) -> dict:
     """Bytes a decode step must read at least: every weight once plus the whole KV cache."""
     elt = torch.finfo(dtype).bits // 8
-    weights = sum(p.numel() for p in model.parameters()) * elt
-    if getattr(model.config, "tie_word_embeddings", False):
-        pass  # tied: the head reuses the embedding, counted once (as parameters() does)
+    weights = sum(p.numel() for p in model.parameters()) * elt  # a tied head is counted once, as read
     kv = 2 * info.num_layers * batch * info.num_kv_heads * context * info.head_dim * elt
     return {"weights_gb": weights / 1e9, "kv_gb": kv / 1e9, "floor_ms": 1e3 * (weights + kv) / bandwidth}
+
+
+def load_bench_model(name: str, weights: str, device: str = "auto", dtype: str = "auto"):
+    """(model, info, device, dtype) for conf/model/<name>.yaml with `weights` pretrained|random."""
+    dev = models.resolve_device(device)
+    dt = models.resolve_dtype(dtype, dev)
+    mcfg = OmegaConf.load(CONF / "model" / f"{name}.yaml")
+    mcfg.weights = weights
+    model, _ = models.load(mcfg, dev, dt)
+    return model, ModelInfo.from_hf_config(model.config), dev, dt
 
 
 def bench_engine(model, info, ids, steps, clock, repeat, graphs=True, method_cfg=None, time_prefill=True):
@@ -146,13 +154,8 @@ def main(argv=None):
     ap.add_argument("--out", default=None, help="JSON path (default results/bench/engine_<model>_<device>.json)")
     args = ap.parse_args(argv)
 
-    device = models.resolve_device(args.device)
-    dtype = models.resolve_dtype(args.dtype, device)
-    mcfg = OmegaConf.load(CONF / "model" / f"{args.model}.yaml")
-    mcfg.weights = args.weights
-    model, _ = models.load(mcfg, device, dtype)
+    model, info, device, dtype = load_bench_model(args.model, args.weights, args.device, args.dtype)
     model.config._attn_implementation = "sdpa"
-    info = ModelInfo.from_hf_config(model.config)
     clock = Clock(device)
     gen = torch.Generator(device="cpu").manual_seed(0)
     rows = []

@@ -19,8 +19,7 @@ import torch
 from omegaconf import OmegaConf
 
 from methods import ModelInfo
-from runners import models
-from runners.bench import CONF, Clock, bench_engine
+from runners.bench import CONF, Clock, bench_engine, load_bench_model
 from runners.results import environment
 
 
@@ -66,12 +65,7 @@ def main(argv=None):
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
 
-    device = models.resolve_device("auto")
-    dtype = models.resolve_dtype("auto", device)
-    mcfg = OmegaConf.load(CONF / "model" / f"{args.model}.yaml")
-    mcfg.weights = args.weights
-    model, _ = models.load(mcfg, device, dtype)
-    info = ModelInfo.from_hf_config(model.config)
+    model, info, device, dtype = load_bench_model(args.model, args.weights)
     elt = torch.finfo(dtype).bits // 8
     weight_bytes = sum(p.numel() for p in model.parameters()) * elt
     clock = Clock(device)

@@ -9,9 +9,8 @@ import argparse
 import torch
 from omegaconf import OmegaConf
 
-from methods import ModelInfo, build
-from runners import models
-from runners.bench import CONF
+from methods import build
+from runners.bench import CONF, load_bench_model
 from runners.engine import Engine
 
 
@@ -24,12 +23,7 @@ def main(argv=None):
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--rows", type=int, default=25)
     args = ap.parse_args(argv)
-    device = models.resolve_device("auto")
-    dtype = models.resolve_dtype("auto", device)
-    mcfg = OmegaConf.load(CONF / "model" / f"{args.model}.yaml")
-    mcfg.weights = args.weights
-    model, _ = models.load(mcfg, device, dtype)
-    info = ModelInfo.from_hf_config(model.config)
+    model, info, device, _ = load_bench_model(args.model, args.weights)
     mcfg_method = OmegaConf.load(CONF / "method" / f"{args.method}.yaml")
     eng = Engine(model, build(mcfg_method, info))
     ids = torch.randint(0, info.vocab_size, (1, args.context), device=device)

@@ -56,9 +56,21 @@ def test_interrupted_run_resumes_without_repeats_or_losses(tmp_path, monkeypatch
     for key in ("params", "prediction", "references", "metrics", "semantics", "protocol", "timings", "attended"):
         assert key in row
 
-    # a larger limit is the same run (limit is not hashed): only the new sample is computed
-    again = run_module.run(_cfg(tmp_path, "runner.wandb.mode=disabled", "task.depths=[0.2,0.5,0.8]"))
-    assert again["n_samples"] == 3
+    # a finished run run again computes nothing and keeps its rows as they were
+    again = run_module.run(cfg)
+    assert again["n_samples"] == 3 and RunDir(cfg).rows() == rows
+
+
+def test_raising_the_limit_reuses_rows(tmp_path):
+    """task.limit is not in the run hash: a larger limit continues the same run directory."""
+    small = _cfg(tmp_path, "runner.wandb.mode=disabled", "task.limit=1")
+    run_module.run(small)
+    first = RunDir(small).rows()
+    full = _cfg(tmp_path, "runner.wandb.mode=disabled")
+    assert RunDir(full).path == RunDir(small).path
+    summary = run_module.run(full)
+    rows = RunDir(full).rows()
+    assert summary["n_samples"] == 3 and rows[0] == first[0] and len({r["id"] for r in rows}) == 3
 
 
 def test_wandb_offline_needs_no_network(tmp_path, monkeypatch):
