@@ -31,7 +31,7 @@ test-fast: install
 
 # Engine vs HF StaticCache forward (decode ms/token, prefill tok/s); ARGS=--help for options.
 bench: install
-	$(PY) -m runners.bench $(ARGS)
+	$(PY) -m bench.engine $(ARGS)
 
 lint: install
 	$(PY) -m ruff check .

@@ -133,7 +133,7 @@ class Store:
 
 def method_exists(name: str) -> bool:
     import methods
-    from runners.errors import ConfigError
+    from common.errors import ConfigError
 
     try:
         methods.get(name)

@@ -1,6 +1,6 @@
 """TidalDecode latency items: Fig. 6 and Tables 5-6 (end-to-end decode ms/token), Fig. 7 (attention
 latency of 32/64 layers) and Fig. 8 (kernel breakdown at K=512), rendered from the GPU benchmark
-JSON under results/bench/ (runners/bench_tpot.py, runners/bench_kernels.py), not from run rows.
+JSON under results/bench/ (bench/tpot.py, bench/kernel_ops.py), not from run rows.
 
 Ours run on an H100 (the JSON names the device), the paper's on an A100 80GB SXM4: absolute times
 are not comparable across the two GPUs (nor engines), so every table shows speedups (Full ms / method
@@ -22,8 +22,8 @@ TPOT = {"llama2_7b": "tpot_llama2_7b_h100.json", "llama3": "tpot_llama3_h100.jso
 SHAPE = {"llama2_7b": "Llama-2-7B shape (MHA 32 heads, 32 layers)",
          "llama3": "Llama-3-8B shape (GQA 32/8 heads, 32 layers)"}
 KERNELS = "kernels_llama3_h100.json"
-TPOT_CMD = "bash runners/gpu_session.sh tpot   # both tpot_*_h100.json; OUT=<dir> writes elsewhere"
-KERNELS_CMD = f"python3 -m runners.bench_kernels --sweep --out results/bench/{KERNELS}"
+TPOT_CMD = "bash bench/gpu_session.sh tpot   # both tpot_*_h100.json; OUT=<dir> writes elsewhere"
+KERNELS_CMD = f"python3 -m bench.kernel_ops --sweep --out results/bench/{KERNELS}"
 CONTEXTS = ["10K", "32K", "100K"]
 NAME = {"full": "Full", "quest": "Quest", "tidal": "TidalDecode"}
 K_FIG = 512          # Figs. 7-8: "a token budget of K=512 for TidalDecode and Quest across all evaluations"
@@ -257,10 +257,10 @@ def _write(item, df: pd.DataFrame, md: str, fig, device: str, out_root: Path) ->
 # the renderers and figures live in tidal_latency_plots (kept apart to stay short)
 from analysis import tidal_latency_plots as plots
 
-TPOT_SETUP = ("runners/bench_tpot.py: end-to-end decode ms/token (TPOT) of our engine, random weights, bf16, "
+TPOT_SETUP = ("bench/tpot.py: end-to-end decode ms/token (TPOT) of our engine, random weights, bf16, "
               "CUDA graphs, batch 1, 32 steps, at 10240/32768/102400 tokens (Llama-2-7B shape: 10240/32768 "
               "only); TidalDecode re-selects at layer 13, Quest 16-token pages, both keep layers 0-1 dense.")
-KERNEL_SETUP = ("runners/bench_kernels.py: per-layer kernel times (CUDA-graph medians) at Llama-3-8B decode "
+KERNEL_SETUP = ("bench/kernel_ops.py: per-layer kernel times (CUDA-graph medians) at Llama-3-8B decode "
                 "shapes (Hq 32, Hkv 8, D 128, bf16), B=1 and 8, 10K/32K/100K/128K.")
 IMPLEMENTATIONS = {
     "tidal.fig6": Impl(

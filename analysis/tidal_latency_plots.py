@@ -30,7 +30,7 @@ from analysis.tidal_latency import (
 COLORS = {"Full": "0.55", "Quest": "C1", "TidalDecode": "C0"}
 TPOT_NOTES = """
 Notes. Our contexts are 10240/32768/102400 tokens (the paper's "10K/32K/100K"). The Llama-2-7B shape
-(the paper's model) has no 100K row: `runners/gpu_session.sh tpot` runs it at 10240 and 32768 only;
+(the paper's model) has no 100K row: `bench/gpu_session.sh tpot` runs it at 10240 and 32768 only;
 the Llama-3-8B shape covers all three (no paper numbers beside it: the paper measured Llama-2-7B, and
 says GQA "does not affect the relative efficiency comparison"). Ours: budgets K=32/256/1024/4096 only.
 The paper's full attention is FlashInfer and its Quest the Quest implementation; ours are one engine
@@ -47,7 +47,7 @@ the paper's Figs. 7-8), per decode step, L = 32 or 64 layers:
 - TidalDecode = 2 x full (layers 0-1) + 2 x token selection attention with top-k (layer 2 and the
   re-selection layer) + (L-4) x sparse attention over K={K_FIG} tokens (one set per query head).
 Measured top-k sizes differ from K={K_FIG}: selection + top-k is timed with top-4096 tokens, Quest's
-top-k with 4096/16 = 256 pages. runners/bench_kernels.py times Quest's scores and top-k only at its
+top-k with 4096/16 = 256 pages. bench/kernel_ops.py times Quest's scores and top-k only at its
 largest context (128K); cells marked ~ use that time scaled by the page count (S/131072), a lower bound
 (per-launch costs do not shrink with S), so Quest's ms there is understated and the speedups over Quest
 are lower bounds. Launch gaps, GEMMs and norms are not in these sums (see tidal.fig6 for end to end).

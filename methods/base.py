@@ -16,7 +16,8 @@ from typing import Any, ClassVar
 
 import torch
 
-from runners.errors import ConfigError
+from common.errors import ConfigError
+from common.registry import Registry
 
 
 @dataclass(frozen=True)
@@ -168,13 +169,5 @@ def _plain(value):
     return value
 
 
-REGISTRY: dict[str, type[Method]] = {}
-
-
-def register(cls: type[Method]) -> type[Method]:
-    if not cls.name:
-        raise ValueError(f"{cls.__qualname__} has no name")
-    if cls.name in REGISTRY and REGISTRY[cls.name] is not cls:
-        raise ValueError(f"method {cls.name!r} registered twice")
-    REGISTRY[cls.name] = cls
-    return cls
+REGISTRY = Registry("method", "methods", skip=("base", "rope", "attention", "stores"))
+register = REGISTRY.register

@@ -25,7 +25,7 @@ import kernels
 from methods import attention
 from methods.base import Method, register
 from methods.stores import FullStore, PageBounds, padded_capacity
-from runners.errors import ConfigError
+from common.errors import ConfigError
 
 
 @register

@@ -20,7 +20,7 @@ class Rope:
         if rope_type == "dynamic":
             # Dynamic NTK changes inv_freq with the sequence length seen so far; a cache of
             # rotated keys would then be stale. Refuse rather than be silently wrong.
-            from runners.errors import ConfigError
+            from common.errors import ConfigError
 
             raise ConfigError("dynamic NTK rope scaling is not supported (cached keys would go stale)")
         self._cache: list = []

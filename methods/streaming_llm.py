@@ -30,7 +30,7 @@ from methods import attention
 from methods.base import Method, register
 from methods.rope import rotate_half
 from methods.stores import SinkRingStore
-from runners.errors import ConfigError
+from common.errors import ConfigError
 
 _HIDDEN = 1 << 40  # key position for slots a query must not see (mask: k_pos <= q_pos)
 

@@ -28,7 +28,7 @@ import kernels
 from methods import attention
 from methods.base import Method, register
 from methods.stores import FullStore
-from runners.errors import ConfigError
+from common.errors import ConfigError
 
 SELECT = ("query_head", "kv_head")
 GROUP_SCORE = ("softmax_sum", "logit_max")

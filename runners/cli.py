@@ -10,7 +10,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from runners.errors import ConfigError, HarnessError
+from common.errors import ConfigError, HarnessError
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 MAX_COMBINATIONS = 4096

@@ -17,7 +17,7 @@ import torch
 
 from methods.base import Method, ModelInfo, Step
 from methods.rope import Rope
-from runners.errors import ConfigError
+from common.errors import ConfigError
 from runners.fused_layers import FusedLayers
 from runners.graphs import DecodeGraph
 from runners.sampling import sample_next

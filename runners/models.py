@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from runners.errors import ConfigError, HarnessError
+from common.errors import ConfigError, HarnessError
 
 CACHE = Path(os.environ.get("HARNESS_CACHE", Path.home() / ".cache" / "sparse-decode-harness"))
 SUPPORTED = ("llama", "mistral", "qwen2", "qwen3")

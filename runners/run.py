@@ -11,7 +11,7 @@ from tqdm import tqdm
 import methods
 import tasks
 from runners import models
-from runners.errors import HarnessError
+from common.errors import HarnessError
 from runners.report import print_table
 from runners.results import RunDir, environment
 from runners.validate import model_info, model_spec, validate

@@ -6,7 +6,7 @@ from omegaconf import DictConfig
 import methods
 import tasks
 from methods.base import ModelInfo
-from runners.errors import ConfigError
+from common.errors import ConfigError
 from tasks.base import ModelSpec
 
 WANDB_MODES = ("disabled", "offline", "online")

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-from runners.errors import ConfigError
+from common.errors import ConfigError
 from tasks.base import Sample, Task, mean_metrics, register
 from tasks.metrics import last_boxed, math_verify_equal
 

@@ -12,7 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Iterable, Iterator
 
-from runners.errors import ConfigError
+from common.errors import ConfigError
+from common.registry import Registry
 
 
 @dataclass
@@ -122,13 +123,5 @@ def mean_metrics(rows: list[dict], group_by: list[str]) -> dict[str, Any]:
     return out
 
 
-REGISTRY: dict[str, type[Task]] = {}
-
-
-def register(cls: type[Task]) -> type[Task]:
-    if not cls.name:
-        raise ValueError(f"{cls.__qualname__} has no name")
-    if cls.name in REGISTRY and REGISTRY[cls.name] is not cls:
-        raise ValueError(f"task {cls.name!r} registered twice")
-    REGISTRY[cls.name] = cls
-    return cls
+REGISTRY = Registry("task", "tasks", skip=("base", "metrics"))
+register = REGISTRY.register

@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from runners.errors import ConfigError
+from common.errors import ConfigError
 from tasks.base import Sample, Task, register
 from tasks.metrics import ROUGE_TYPES, rouge_scores
 

@@ -25,7 +25,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from runners.errors import ConfigError
+from common.errors import ConfigError
 from tasks import metrics
 from tasks._infinitebench_prompts import MAX_NEW_TOKENS, TEMPLATES
 from tasks.base import ModelSpec, Sample, Task, register

@@ -34,7 +34,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from runners.errors import ConfigError
+from common.errors import ConfigError
 from tasks import metrics
 from tasks.base import ModelSpec, Sample, Task, register
 

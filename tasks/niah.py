@@ -32,7 +32,7 @@ import random
 from collections.abc import Iterator
 from pathlib import Path
 
-from runners.errors import ConfigError
+from common.errors import ConfigError
 from tasks import metrics
 from tasks.base import Sample, Task, register
 

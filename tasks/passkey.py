@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import random
 
-from runners.errors import ConfigError
+from common.errors import ConfigError
 from tasks import metrics
 from tasks.base import Sample, Task, register
 

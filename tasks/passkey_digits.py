@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from runners.errors import ConfigError
+from common.errors import ConfigError
 from tasks.base import Sample, Task, register
 from tasks.metrics import passkey_digit_accuracy
 

@@ -26,7 +26,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from runners.errors import ConfigError
+from common.errors import ConfigError
 from tasks.base import Sample, Task, register
 
 PROTOCOLS = ("decode", "stride")

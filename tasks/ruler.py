@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from runners.errors import ConfigError
+from common.errors import ConfigError
 from tasks.base import ModelSpec, Sample, Task, register
 from tasks.metrics import RULER_METRICS, ruler_postprocess
 from tasks.ruler_gen import GENERATORS

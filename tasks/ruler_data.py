@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from functools import lru_cache
 from pathlib import Path
 
-from runners.errors import ConfigError
+from common.errors import ConfigError
 
 ESSAY_HUB_ID = "baber/paul_graham_essays"        # the essay set lm-eval's RULER port loads
 SQUAD_HUB_ID = "rajpurkar/squad_v2"              # RULER's squad.json is SQuAD v2.0 dev

@@ -18,7 +18,7 @@ import uuid
 
 import numpy as np
 
-from runners.errors import ConfigError
+from common.errors import ConfigError
 from tasks import ruler_data as data
 from tasks.ruler_spec import DOCUMENT_PROMPT, MODEL_TEMPLATES, NEEDLE, NOISE, TEMPLATES
 

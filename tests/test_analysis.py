@@ -188,7 +188,7 @@ def test_nothing_done_launches_the_sweeps_as_written(tmp_path, capsys):
 # --- latency items: rendered from benchmark JSON ---------------------------------------------------
 
 def fake_bench(d: Path) -> Path:
-    """Small tpot/kernels JSON in the writers' formats (runners/bench_tpot.py, bench_kernels.py)."""
+    """Small tpot/kernels JSON in the writers' formats (bench/tpot.py, bench_kernels.py)."""
     d.mkdir(parents=True, exist_ok=True)
     for model, contexts in (("llama2_7b", (10240, 32768)), ("llama3", (10240, 32768, 102400))):
         rows = []
@@ -241,14 +241,14 @@ def test_latency_missing_json_is_one_clear_line(tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and "tpot_llama2_7b_h100.json" in err and "gpu_session.sh tpot" in err
     assert main(["make", "tidal.fig8", "--bench", str(tmp_path)]) == 2
-    assert "runners.bench_kernels" in capsys.readouterr().err
+    assert "bench.kernel_ops" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
 
 
 def test_latency_run_prints_the_gpu_command(tmp_path, capsys):
     assert main(["run", "tidal.fig7", "--bench", str(tmp_path)]) == 0
     out = capsys.readouterr().out
-    assert "python3 -m runners.bench_kernels --sweep --out results/bench/kernels_llama3_h100.json" in out
+    assert "python3 -m bench.kernel_ops --sweep --out results/bench/kernels_llama3_h100.json" in out
     assert "$ python" not in out and "run.py" not in out              # no Hydra multirun launched
     assert main(["status", "tidal.fig6", "--bench", str(fake_bench(tmp_path / "b"))]) == 0
     assert "done" in capsys.readouterr().out

@@ -8,7 +8,7 @@ import pytest
 from omegaconf import OmegaConf
 
 import tasks
-from runners.errors import ConfigError
+from common.errors import ConfigError
 from tasks.base import ModelSpec
 from tasks.metrics import rouge_scores
 

@@ -7,7 +7,7 @@ import pytest
 from omegaconf import OmegaConf
 
 import tasks
-from runners.errors import ConfigError
+from common.errors import ConfigError
 from tasks import infinitebench as ib
 from tasks._infinitebench_prompts import MAX_NEW_TOKENS, TEMPLATES
 from tasks.base import ModelSpec

@@ -7,7 +7,7 @@ import pytest
 from omegaconf import OmegaConf
 
 import tasks
-from runners.errors import ConfigError
+from common.errors import ConfigError
 from tasks import longbench as lb
 from tasks.base import ModelSpec
 

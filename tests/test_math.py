@@ -7,7 +7,7 @@ import pytest
 from omegaconf import OmegaConf
 
 import tasks
-from runners.errors import ConfigError
+from common.errors import ConfigError
 from tasks.aime import summarize_pass1
 from tasks.base import ModelSpec
 from tasks.metrics import last_boxed, math_verify_equal

@@ -11,7 +11,7 @@ from tiny_models import COMMON, tiny
 from methods import ModelInfo, Step, build
 from methods.rope import Rope
 from runners.engine import Engine
-from runners.errors import ConfigError
+from common.errors import ConfigError
 
 
 @pytest.fixture(autouse=True, scope="module")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from omegaconf import OmegaConf
 
-from runners.errors import ConfigError
+from common.errors import ConfigError
 from tasks.base import ModelSpec
 from tasks.niah import CITIES, NIAH, TEMPLATE, template_parts
 

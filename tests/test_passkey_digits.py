@@ -7,7 +7,7 @@ import pytest
 from omegaconf import OmegaConf
 
 import tasks
-from runners.errors import ConfigError
+from common.errors import ConfigError
 from tasks import passkey_digits as pk
 from tasks.base import ModelSpec, mean_metrics
 from tasks.metrics import passkey_digit_accuracy

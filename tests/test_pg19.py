@@ -10,7 +10,7 @@ import torch
 from omegaconf import OmegaConf
 
 import tasks
-from runners.errors import ConfigError
+from common.errors import ConfigError
 from tasks.base import ModelSpec
 from tasks.pg19 import summarize_ppl
 

@@ -11,7 +11,7 @@ import pytest
 from omegaconf import OmegaConf
 
 import tasks
-from runners.errors import ConfigError
+from common.errors import ConfigError
 from tasks.base import ModelSpec
 
 ROOT = Path(__file__).resolve().parents[1]

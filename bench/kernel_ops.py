@@ -1,6 +1,6 @@
 """Kernel-level benchmark on the GPU (Llama-3-8B decode shapes: Hq 32, Hkv 8, D 128, bf16).
 
-    python -m runners.bench_kernels --out results/bench_kernels.json [--quick] [--sweep]
+    python -m bench.kernel_ops --out results/bench_kernels.json [--quick] [--sweep]
 
 Times (median; CUDA-graph replays by default, --eager for do_bench; inputs rotate over buffers so
 repeated calls do not hit L2) torch SDPA flash decode vs our full decode kernel, sparse decode at

@@ -1,4 +1,5 @@
-"""Errors the harness reports as one clear line (exit code 2) instead of a traceback."""
+"""Errors the harness reports as one clear line (exit code 2) instead of a traceback. Bottom layer:
+methods, tasks and runners all raise them."""
 
 
 class HarnessError(Exception):

@@ -1,6 +1,6 @@
 """Profile one engine decode step (torch.profiler): where the time goes, by op.
 
-    python -m runners.profile_decode --model llama3 --weights random --context 8192
+    python -m bench.profile_decode --model llama3 --weights random --context 8192
 """
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import torch
 from omegaconf import OmegaConf
 
 from methods import build
-from runners.bench import CONF, load_bench_model
+from bench.engine import CONF, load_bench_model
 from runners.engine import Engine
 
 

@@ -1,6 +1,6 @@
 """End-to-end decode latency (TPOT) of methods x budgets x contexts, with each one's floor.
 
-    python -m runners.bench_tpot --model llama3 --weights random --contexts 10240 32768 102400 \\
+    python -m bench.tpot --model llama3 --weights random --contexts 10240 32768 102400 \\
         --methods full quest tidal --budgets 32 256 1024 4096 --out results/bench/tpot_llama3_h100.json
 
 The floor is the bytes a decode step must read at least (every weight once, plus the KV rows the
@@ -19,7 +19,7 @@ import torch
 from omegaconf import OmegaConf
 
 from methods import ModelInfo
-from runners.bench import CONF, Clock, bench_engine, load_bench_model
+from bench.engine import CONF, Clock, bench_engine, load_bench_model
 from runners.results import environment
 
 
@@ -91,7 +91,7 @@ def main(argv=None):
     out = {"bench": "tpot", "model": args.model, "weights": args.weights, "dtype": str(dtype),
            "device": env.get("gpu", "cpu"), "graphs": args.graphs, "steps": args.steps,
            "bandwidth_bytes_s": args.bandwidth, "weights_gb": weight_bytes / 1e9,
-           "command": "python -m runners.bench_tpot " + " ".join(sys.argv[1:]), "environment": env, "rows": rows}
+           "command": "python -m bench.tpot " + " ".join(sys.argv[1:]), "environment": env, "rows": rows}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(out, indent=2))
     print(f"wrote {args.out}")

@@ -1,8 +1,8 @@
 """Engine vs the HF model's own forward with a StaticCache: prefill tokens/s and decode ms/token,
 same model, same inputs, measured side by side in one run.
 
-    python -m runners.bench                                  # SmolLM2 at 4K on this machine
-    python -m runners.bench --model llama3 --weights random --lengths 8192 32768 131072   # GPU
+    python -m bench.engine                                  # SmolLM2 at 4K on this machine
+    python -m bench.engine --model llama3 --weights random --lengths 8192 32768 131072   # GPU
 
 Writes JSON (device, commit, command, every figure, and the bandwidth floor: weights + KV bytes
 read per decode step over --bandwidth, default the 3.0 TB/s measured on the H100 copy test).
@@ -180,7 +180,7 @@ def main(argv=None):
     env = environment()
     out = {"bench": "engine_vs_hf_static_cache", "model": args.model, "weights": args.weights,
            "dtype": str(dtype), "device": env.get("gpu", "cpu"), "torch_threads": torch.get_num_threads(),
-           "steps": args.steps, "bandwidth_bytes_s": args.bandwidth, "command": "python -m runners.bench " + " ".join(sys.argv[1:]),
+           "steps": args.steps, "bandwidth_bytes_s": args.bandwidth, "command": "python -m bench.engine " + " ".join(sys.argv[1:]),
            "environment": env, "rows": rows}
     tag = "cpu" if device.type == "cpu" else env.get("gpu", "gpu").replace(" ", "_")
     path = Path(args.out or f"results/bench/engine_{args.model}_{tag}.json")
