@@ -152,11 +152,15 @@ def _launch(q, k, v, lengths, scale, *, index=None, counts=None, page=1, scores=
 # ----------------------------------------------------------------------------- torch references
 
 def _attend_ref(q, ks, vs, valid, scale):
-    """q [B, Hq, D]; ks, vs [B, Hq, N, D]; valid [B, Hq, N] -> [B, Hq, D] (fp32 math)."""
+    """q [B, Hq, D]; ks, vs [B, Hq, N, D]; valid [B, Hq, N] -> [B, Hq, D] (fp32 math).
+
+    Invalid entries may point at slots nothing wrote (torch.empty garbage, NaN included): they are
+    replaced with where(), never multiplied by a zero probability (0 x NaN = NaN)."""
     s = torch.einsum("bhd,bhnd->bhn", q.float(), ks.float()) * scale
-    s = s.masked_fill(~valid, float("-inf"))
+    s = torch.where(valid, s, float("-inf"))
     p = torch.softmax(s, -1).nan_to_num(0.0)  # empty set -> zeros, as the kernel does
-    return torch.einsum("bhn,bhnd->bhd", p, vs.float()).to(q.dtype)
+    vs = torch.where(valid.unsqueeze(-1), vs.float(), 0.0)
+    return torch.einsum("bhn,bhnd->bhd", p, vs).to(q.dtype)
 
 
 def _logits_ref(q, k, S):
@@ -166,13 +170,27 @@ def _logits_ref(q, k, S):
     return torch.einsum("bhgd,bhsd->bhgs", qg, k[:, :, :S].float()).reshape(B, Hq, S)
 
 
+def _span(lengths, max_length) -> int:
+    """Slots to look at: `max_length` (a host bound, no sync: CUDA-graph safe); on the CPU the
+    actual longest length, which costs nothing there and spares O(capacity) work per step."""
+    S = int(max_length) if max_length is not None else int(lengths.max())
+    return S if lengths.is_cuda else min(S, int(lengths.max()))
+
+
+def _live(lengths, S):
+    """[B, 1, S] bool: slot s holds a token of sequence b (s < lengths[b])."""
+    return torch.arange(S, device=lengths.device) < lengths.view(-1, 1, 1).long()
+
+
 def decode_attention_ref(q, k, v, lengths, scale, max_length=None):
     B, Hq, D = q.shape
-    S = int(max_length) if max_length is not None else int(lengths.max())
-    s = _logits_ref(q, k, S) * scale
-    s = s.masked_fill(torch.arange(S, device=q.device) >= lengths.view(B, 1, 1).long(), float("-inf"))
-    p = torch.softmax(s, -1).view(B, k.shape[1], Hq // k.shape[1], S)
-    return torch.einsum("bhgs,bhsd->bhgd", p, v[:, :, :S].float()).reshape(B, Hq, D).to(q.dtype)
+    Hkv = k.shape[1]
+    S = _span(lengths, max_length)
+    live = _live(lengths, S)
+    s = torch.where(live, _logits_ref(q, k, S) * scale, float("-inf"))
+    p = torch.softmax(s, -1).view(B, Hkv, Hq // Hkv, S)
+    vs = torch.where(live.view(B, 1, S, 1), v[:, :, :S].float(), 0.0)  # unwritten slots: no NaN leak
+    return torch.einsum("bhgs,bhsd->bhgd", p, vs).reshape(B, Hq, D).to(q.dtype)
 
 
 def _gather_ref(q, k, v, pos, valid, scale):
@@ -202,10 +220,8 @@ def sparse_decode_pages_ref(q, k, v, page_index, page_counts, page_size, lengths
 
 
 def selection_attention_ref(q, k, v, lengths, scale, max_length=None):
-    B = q.shape[0]
     S = int(max_length) if max_length is not None else int(lengths.max())
-    s = _logits_ref(q, k, S)
-    s = s.masked_fill(torch.arange(S, device=q.device) >= lengths.view(B, 1, 1).long(), float("-inf"))
+    s = torch.where(_live(lengths, S), _logits_ref(q, k, S), float("-inf"))
     return decode_attention_ref(q, k, v, lengths, scale, S), s
 
 
@@ -276,3 +292,15 @@ def selection_attention(q, k, v, lengths, scale, topk=None, *, max_length=None, 
     if topk is None:
         return out, scores
     return (out, scores) + topk_positions(scores, lengths, topk)
+
+
+def decode_attention_mass(q, k, v, lengths, scale, *, max_length=None, num_splits=None, config=None):
+    """Full decode attention plus the attention probability of every slot, fp32 [B, Hq, S]
+    (S = max_length; 0 past each length): the decode-time statistic of scoring methods (H2O's
+    accumulated attention, TOVA's eviction score, Cascading's EMA). The probabilities come from the
+    scores the attention pass writes (one pass over K/V) and one softmax over S floats per head,
+    ~1/128 of the K/V bytes at head dim 128."""
+    out, scores = selection_attention(q, k, v, lengths, scale, max_length=max_length,
+                                      num_splits=num_splits, config=config)
+    probs = torch.softmax(scores * scale, dim=-1)  # -inf past the length -> exactly 0
+    return out, probs

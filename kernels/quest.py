@@ -171,11 +171,12 @@ def quest_page_scores(q, kmin, kmax, n_pages_valid):
     return out
 
 
-def quest_topk_pages(scores, page_budget, n_pages_valid, force_last=True):
+def quest_topk_pages(scores, page_budget, n_pages_valid, force_last=True, row_budget=None):
     """Page top-k (torch.topk; same code on every backend): scores [B, H, n_pages] -> (page_index
     int32 [B, H, k], page_counts int32 [B, H]) with k = min(page_budget, n_pages). As in Quest's
     kernel path, the last valid page (the one being written) is always taken when `force_last`,
-    and page_budget - 1 others by score. The valid prefix is sorted; padding slots hold 0."""
+    and the others by score. `row_budget` (int tensor [B], <= page_budget) lowers the number of
+    pages per sequence without a host sync. The valid prefix is sorted by page; padding holds 0."""
     B, H, NP = scores.shape
     kk = min(int(page_budget), NP)
     nv = _as_batch_tensor(n_pages_valid, B, scores.device).long()
@@ -184,9 +185,11 @@ def quest_topk_pages(scores, page_budget, n_pages_valid, force_last=True):
         last = (nv - 1).clamp(min=0).view(B, 1, 1).expand(B, H, 1)
         s = scores.scatter(-1, last, float("inf"))
     s = s.masked_fill(torch.arange(NP, device=s.device) >= nv.view(B, 1, 1), float("-inf"))
-    idx = s.topk(kk, dim=-1, sorted=False).indices
-    pad = s.gather(-1, idx) == float("-inf")  # unsorted top-k: find padding by its score
-    counts = (~pad).sum(-1)
-    idx = torch.where(pad, NP, idx).sort(-1).values
+    vals, idx = s.topk(kk, dim=-1, sorted=True)  # best first: a per-row budget keeps a prefix
+    keep = vals != float("-inf")
+    if row_budget is not None:
+        keep &= torch.arange(kk, device=s.device) < row_budget.view(B, 1, 1).long()
+    counts = keep.sum(-1)
+    idx = torch.where(keep, idx, NP).sort(-1).values
     idx = torch.where(idx == NP, 0, idx)
     return idx.to(torch.int32), counts.to(torch.int32).contiguous()

@@ -115,3 +115,18 @@ def test_quest_real(B, S):
     nv = torch.full((B,), S // P, dtype=torch.int32, device="cuda")
     out = kernels.quest_page_scores(q, kmin, kmax, nv)
     torch.testing.assert_close(out, Qm.quest_page_scores_ref(q, kmin, kmax, nv), rtol=1e-4, atol=1e-2)
+
+
+@pytest.mark.parametrize("T,L", [(512, 4096), (2048, 32768)])
+def test_attention_mass_real_shapes(T, L):
+    """Blockwise attention mass (H2O / SnapKV / Cascading prefill statistic) at Llama-3-8B head
+    shapes: Triton vs the torch reference, and each query's probabilities summing to 1."""
+    from kernels import prefill as P
+
+    g = torch.Generator(device="cuda").manual_seed(7)
+    q = torch.randn(1, HQ, T, D, device="cuda", generator=g).bfloat16()
+    k = (torch.randn(1, HKV, L, D, device="cuda", generator=g) + 0.5).bfloat16()
+    got = kernels.attention_mass(q, k, SCALE)
+    ref = P.attention_mass_ref(q, k, SCALE)
+    assert rel(got, ref) < 2e-2
+    torch.testing.assert_close(got.sum(-1), torch.full_like(got[..., 0], float(T)), rtol=1e-3, atol=1e-2)
