@@ -1,7 +1,9 @@
 """Attention methods: one module per method, registered by name.
 
-Adding a method is one file here (a `Method` subclass decorated with `@register`) plus one YAML in
-`conf/method/`; every module in this package is imported on first use so the registry is complete.
+Adding a method is one file here (a `Method` subclass decorated with `@register`, with its typed
+`Config`) plus its YAML in `conf/method/`, generated from that config by `python -m methods.config`;
+every module in this package is imported on first use so the registry is complete, and the
+conformance suite (tests/test_methods_conformance.py) tests it without any test being edited.
 """
 from __future__ import annotations
 
@@ -13,9 +15,9 @@ def get(name: str) -> type[Method]:
 
 
 def build(cfg, info: ModelInfo) -> Method:
+    """The method named by `cfg.name`, its typed options parsed and checked against the model."""
     cls = get(cfg.name)
-    cls.validate(cfg, info)
-    return cls(cfg)
+    return cls(cls.validate(cfg, info))
 
 
 __all__ = ["Method", "ModelInfo", "Step", "register", "get", "build", "REGISTRY"]

@@ -1,7 +1,9 @@
 """The attention-method interface and its registry.
 
 A method is handed, per layer, the projected q, k, v *before* RoPE and a `Rope` helper that rotates
-by any positions. It owns its KV storage and any state that flows from layer to layer within one
+by any positions. Its options are a typed dataclass (`Config`, see methods/config.py); its attention
+math goes through the `kernels` dispatchers only (Triton on CUDA, the torch references elsewhere),
+so the same method code runs on every device. It owns its KV storage and any state that flows from layer to layer within one
 step (TidalDecode's selected tokens, LycheeDecode's per-KV-head sets). The engine only calls
 `setup` once per sequence batch, `begin` at the start of each prefill chunk or decode step, and
 `attend` once per layer; it never looks inside the storage.
@@ -16,8 +18,8 @@ from typing import Any, ClassVar
 
 import torch
 
-from common.errors import ConfigError
 from common.registry import Registry
+from methods.config import MethodConfig
 
 
 @dataclass(frozen=True)
@@ -77,33 +79,36 @@ class Step:
 
 
 class Method:
-    """Base class. Subclasses set `name` and implement `setup`, `attend`; the rest has defaults."""
+    """Base class. Subclasses set `name` and `Config`, implement `setup` and `attend`, and declare
+    their persistent tensors in `buffers`; the rest has defaults."""
 
     name: ClassVar[str] = ""
+    Config: ClassVar[type[MethodConfig]] = MethodConfig
     # True if `attend` in decode is static-shape and host-sync-free given device `step.positions`
-    # (no Python ints from the step, no allocation-dependent shapes) and `setup` keeps the same
-    # buffers for the same (batch, max_len): the engine may then capture decode in a CUDA graph.
+    # (no Python ints from the step, no allocation-dependent shapes): the engine may then capture
+    # decode in a CUDA graph, re-capturing whenever a tensor of `buffers()` moves.
     graph_safe: ClassVar[bool] = False
-    # Keys every result row carries to say what the budget means (filled by `semantics`).
-    semantics_keys: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, cfg: Any):
-        self.cfg = cfg
-        self.prefill_chunk: int | None = cfg.get("prefill_chunk") if hasattr(cfg, "get") else None
+        self.cfg = cfg if isinstance(cfg, self.Config) else self.Config.parse(cfg)
         self.info: ModelInfo | None = None
         self.step: Step | None = None
         self._attended: dict[int, float] = {}
 
+    @property
+    def prefill_chunk(self) -> int | None:
+        return getattr(self.cfg, "prefill_chunk", None)
+
     # --- validation before any model loads -------------------------------------------------
     @classmethod
-    def validate(cls, cfg: Any, info: ModelInfo) -> None:
-        """Raise ConfigError (one line) for settings that cannot work on this model."""
-        chunk = cfg.get("prefill_chunk")
-        if chunk is not None and int(chunk) <= 0:
-            raise ConfigError(f"method.prefill_chunk must be a positive integer or null, got {chunk}")
+    def validate(cls, cfg: Any, info: ModelInfo) -> MethodConfig:
+        """The typed config; ConfigError (one line) for settings that cannot work on this model."""
+        return cls.Config.parse(cfg, info)
 
     # --- life cycle --------------------------------------------------------------------------
     def setup(self, info: ModelInfo, batch: int, max_len: int, device: torch.device, dtype: torch.dtype) -> None:
+        """Allocate (or reuse, when the shapes match) storage for `batch` sequences of up to
+        `max_len` tokens and reset every per-sequence state: a method object serves many samples."""
         raise NotImplementedError
 
     def begin(self, step: Step) -> None:
@@ -113,12 +118,20 @@ class Method:
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rope) -> torch.Tensor:
         raise NotImplementedError
 
-    def graph_key(self) -> tuple:
-        """Addresses of the buffers a captured decode graph reads and writes: the engine captures
-        again whenever they change (a graph replays raw pointers)."""
-        tensors = [getattr(obj, name) for obj in (getattr(self, "store", None), getattr(self, "bounds", None))
-                   if obj is not None for name in ("k", "v", "kmin", "kmax") if getattr(obj, name, None) is not None]
-        return tuple(t.data_ptr() for t in tensors)
+    def buffers(self) -> dict[str, torch.Tensor]:
+        """Every persistent device tensor (allocated in `setup`, living across steps) that a decode
+        step reads or writes: KV stores, page bounds, score accumulators, head masks. A captured
+        CUDA graph replays raw pointers, so the engine re-captures whenever one of these moves; the
+        conformance suite fails a method that mutates or keeps a tensor it did not declare, and
+        fills these with NaN/garbage between samples to prove that nothing stale leaks."""
+        return {}
+
+    def release(self) -> None:
+        """Drop every buffer (the engine calls this when it is closed): device memory goes back at
+        once, not when the garbage collector finds the engine."""
+        for key, value in list(vars(self).items()):
+            if isinstance(value, torch.Tensor) or hasattr(value, "buffers"):
+                setattr(self, key, None)
 
     @staticmethod
     def device_lengths(step: Step, batch: int) -> torch.Tensor:
@@ -154,20 +167,9 @@ class Method:
         return out
 
     def semantics(self) -> dict:
-        """Budget semantics and every option that changes behaviour, recorded in each result row."""
-        return {"method": self.name, **{k: _plain(self.cfg.get(k)) for k in self.cfg.keys() if k != "name"}}
+        """Budget semantics and every option, recorded in each result row (from the typed config)."""
+        return {"method": self.name, **self.cfg.semantics()}
 
 
-def _plain(value):
-    try:
-        from omegaconf import OmegaConf
-
-        if OmegaConf.is_config(value):
-            return OmegaConf.to_container(value, resolve=True)
-    except ImportError:  # pragma: no cover
-        pass
-    return value
-
-
-REGISTRY = Registry("method", "methods", skip=("base", "rope", "attention", "stores"))
+REGISTRY = Registry("method", "methods", skip=("base", "config", "rope", "selection", "stores"))
 register = REGISTRY.register

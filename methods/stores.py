@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import torch
 
+import kernels
+
 
 class FullStore:
     """Every token's key (rotated at its absolute position) and value, indexed by position."""
@@ -24,23 +26,25 @@ class FullStore:
         self.v = torch.empty(shape, device=device, dtype=dtype)
         self.capacity = capacity
 
-    def write(self, layer: int, start: int, k: torch.Tensor, v: torch.Tensor) -> None:
-        end = start + k.shape[2]
-        if end > self.capacity:
-            raise RuntimeError(f"KV store overflow: {end} > capacity {self.capacity}")
-        self.k[layer, :, :, start:end] = k
-        self.v[layer, :, :, start:end] = v
+    def write(self, layer: int, positions: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """k, v [B, Hkv, T, D] into the slots of `positions` [T] (a device tensor: no host int,
+        so the same call serves prefill chunks and graph-captured decode steps)."""
+        self.k[layer].index_copy_(2, positions, k)
+        self.v[layer].index_copy_(2, positions, v)
 
     def view(self, layer: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
         return self.k[layer, :, :, :length], self.v[layer, :, :, :length]
+
+    def buffers(self) -> dict[str, torch.Tensor]:
+        return {"k": self.k, "v": self.v}
 
 
 class PageBounds:
     """Quest page metadata: per-channel key min/max of each page of `page_size` tokens aligned to
     position 0, per KV head: kmin, kmax [layers, B, Hkv, n_pages, D] in the key dtype (min/max are
-    exact, so nothing is lost). Updated incrementally: an append recomputes only the pages it
-    touches, from the keys already written to the store (exact, and stale data from a previous
-    sample in the tail of a page is masked out)."""
+    exact, so nothing is lost). Updated incrementally on append by `kernels.quest_update_pages`
+    (only the pages an append touches; a page that starts inside the append is overwritten, so
+    stale bounds of a previous sample never merge in)."""
 
     def __init__(self, page_size: int):
         self.page_size = int(page_size)
@@ -56,19 +60,12 @@ class PageBounds:
         self.kmin = torch.empty(shape, device=device, dtype=dtype)
         self.kmax = torch.empty(shape, device=device, dtype=dtype)
 
-    def update(self, layer: int, keys: torch.Tensor, start: int, end: int) -> None:
-        """Tokens start..end-1 were just written; `keys` [B, Hkv, cap, D] is the layer's key store
-        (cap a multiple of page_size, see `padded_capacity`)."""
-        P = self.page_size
-        p0, p1 = start // P, (end - 1) // P + 1
-        blk = keys[:, :, p0 * P:p1 * P].unflatten(2, (p1 - p0, P))  # [B, Hkv, pages, P, D]
-        live = (torch.arange(p0 * P, p1 * P, device=keys.device) < end).view(p1 - p0, P, 1)
-        self.kmin[layer, :, :, p0:p1] = torch.where(live, blk, float("inf")).amin(dim=3)
-        self.kmax[layer, :, :, p0:p1] = torch.where(live, blk, float("-inf")).amax(dim=3)
+    def update(self, layer: int, k_new: torch.Tensor, start: torch.Tensor) -> None:
+        """Fold the keys k_new [B, Hkv, T, D] written at positions start.. (int32 [B] on the device)."""
+        kernels.quest_update_pages(self.kmin[layer], self.kmax[layer], k_new, start, self.page_size)
 
-    def view(self, layer: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
-        n = -(-length // self.page_size)
-        return self.kmin[layer, :, :, :n], self.kmax[layer, :, :, :n]
+    def buffers(self) -> dict[str, torch.Tensor]:
+        return {"kmin": self.kmin, "kmax": self.kmax}
 
 
 def padded_capacity(capacity: int, page_size: int) -> int:
@@ -81,8 +78,8 @@ class SinkRingStore:
     positions after eviction): slots [0, sink) hold the first tokens, slots [sink, sink+ring) a ring
     of the most recent ones (absolute position p >= sink lives in slot sink + (p - sink) % ring).
     `slot_pos` [sink+ring] (device, shared by all layers) holds the absolute position each slot
-    holds, -1 for empty; methods derive visibility and in-cache positions from it. Zero-filled at
-    allocation so that masked slots never carry NaN into attention."""
+    holds, -1 for empty (reset by every `allocate`); methods derive visibility and in-cache
+    positions from it. k/v of empty slots are whatever was there: readers mask them."""
 
     def __init__(self):
         self.k = self.v = self.slot_pos = None
@@ -94,8 +91,8 @@ class SinkRingStore:
         shape = (layers, batch, kv_heads, self.sink + self.ring, head_dim)
         if not (self.k is not None and self.k.shape == shape and self.k.dtype == dtype
                 and self.k.device == torch.device(device)):
-            self.k = torch.zeros(shape, device=device, dtype=dtype)
-            self.v = torch.zeros(shape, device=device, dtype=dtype)
+            self.k = torch.empty(shape, device=device, dtype=dtype)
+            self.v = torch.empty(shape, device=device, dtype=dtype)
         self.slot_pos = torch.full((self.sink + self.ring,), -1, dtype=torch.long, device=device)
 
     def slots(self, start: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -120,3 +117,6 @@ class SinkRingStore:
         """k, v [B, Hkv, n, D] (un-rotated) into `slots` [n]."""
         self.k[layer].index_copy_(2, slots, k)
         self.v[layer].index_copy_(2, slots, v)
+
+    def buffers(self) -> dict[str, torch.Tensor]:
+        return {"k": self.k, "v": self.v, "slot_pos": self.slot_pos}

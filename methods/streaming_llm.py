@@ -5,18 +5,7 @@ step all cached keys are re-rotated by their position inside the cache (arange(k
 0..sink-1, then the kept recent tokens contiguously) and each query sits at its own in-cache
 position. Nothing is ever attended outside sinks + window.
 
-Options (all recorded by `semantics`):
-  sink, window       first tokens kept forever, most recent tokens kept.
-  budget             if set, window = budget - sink (total tokens kept; the tables' "K").
-  window_includes_current
-      false (eval_long_ppl.py: evict after each forward to sink+window, then the next token is
-            appended): a step of T new tokens attends sink + window older tokens + itself.
-      true  (StartRecentKVCache.evict_for_space before the new tokens, run_streaming_llama.py): the
-            cache including the T new tokens never exceeds sink + window.
-  prefill            stream: the prompt goes through the bounded cache in chunks of `stride`
-                     (each chunk attends to what is kept + itself, causally); dense: one dense
-                     prefill over the whole prompt, then eviction to sinks + window.
-  stride             chunk length of the streamed prefill (null = window).
+Options: see `StreamingConfig` (the budget, the "K" of the tables, is sink + window).
 
 Storage: `SinkRingStore` (preallocated sink slots + ring, un-rotated keys, no per-step cat). A
 decode step writes its token into the ring first and attends over all slots with a visibility
@@ -24,73 +13,112 @@ mask; a prefill chunk attends over the kept slots plus its own keys, then writes
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
-from methods import attention
+import kernels
+from common.errors import ConfigError
 from methods.base import Method, register
+from methods.config import MethodConfig, option
 from methods.rope import rotate_half
 from methods.stores import SinkRingStore
-from common.errors import ConfigError
 
 _HIDDEN = 1 << 40  # key position for slots a query must not see (mask: k_pos <= q_pos)
+
+
+@dataclass(frozen=True)
+class StreamingConfig(MethodConfig):
+    """StreamingLLM (mit-han-lab/streaming-llm): attention sinks + recent window, keys cached before RoPE
+    and re-rotated by their in-cache position every step. Defaults: run_streaming_llama.py's 4 + 2000."""
+
+    sink: int = option(4, "first tokens kept forever (eval_long_ppl.py uses 1 + 255)", min=0)
+    window: int = option(2000, "most recent tokens kept", min=1)
+    budget: int | None = option(None, "if set: total kept = budget, i.e. window = budget - sink")
+    window_includes_current: bool = option(False, "false: a step attends sink + window older tokens + itself "
+                                           "(eval_long_ppl.py); true: the window counts the new tokens "
+                                           "(StartRecentKVCache.evict_for_space)")
+    prefill: str = option("stream", "stream: prompt in chunks of `stride` through the bounded cache; dense: one "
+                          "dense prefill, then eviction to sink + window", choices=("stream", "dense"))
+    stride: int | None = option(None, "chunk length of the streamed prefill (null = window)", min=1)
+
+    @property
+    def effective_window(self) -> int:
+        return self.budget - self.sink if self.budget is not None else self.window
+
+    def check(self, info):
+        if self.effective_window < 1:
+            raise ConfigError(f"method.budget={self.budget} must exceed sink={self.sink} (window would be "
+                              f"{self.effective_window})")
+        if self.window_includes_current and self.prefill == "stream" and (self.stride or 0) > self.effective_window:
+            raise ConfigError(f"method.stride={self.stride} exceeds window={self.effective_window}: with "
+                              f"window_includes_current a chunk must fit in the window")
+
+    def describe(self):
+        return {"window_effective": self.effective_window, "budget_total": self.sink + self.effective_window,
+                "prefill_stride": (self.stride or self.effective_window) if self.prefill == "stream" else None,
+                "budget_unit": "tokens kept per KV head (sink + window), same set for every head and layer",
+                "current_token": "inside the window" if self.window_includes_current else "on top of the window",
+                "positions": "in-cache (keys stored un-rotated, re-rotated each step)", "dense_layers": 0}
+
+    @classmethod
+    def variants(cls):
+        return [{"sink": 2, "window": 12, "stride": 8},
+                {"sink": 4, "window": 10, "prefill": "dense", "window_includes_current": True},
+                {"sink": 0, "budget": 9, "stride": 5, "window_includes_current": True}]
+
+    def full_equivalent(self, context):
+        return {"budget": None, "window": max(self.effective_window, context)}
 
 
 @register
 class StreamingLLM(Method):
     name = "streaming_llm"
+    Config = StreamingConfig
 
     def __init__(self, cfg):
         super().__init__(cfg)
-        self.sink, self.window = _sink_window(cfg)
-        self.includes_current = bool(cfg.get("window_includes_current", False))
-        self.mode = str(cfg.get("prefill", "stream"))
-        self.stride = int(cfg.get("stride") or self.window)
-        self.prefill_chunk = self.stride if self.mode == "stream" else None
+        c = self.cfg
+        self.sink, self.window = c.sink, c.effective_window
         # false: W older tokens + the current one must be kept across a decode step -> W + 1 slots.
-        self.ring = self.window if self.includes_current else self.window + 1
+        self.ring = self.window if c.window_includes_current else self.window + 1
 
-    @classmethod
-    def validate(cls, cfg, info):
-        sink, window = _sink_window(cfg)
-        if sink < 0:
-            raise ConfigError(f"method.sink must be >= 0, got {sink}")
-        if window < 1:
-            raise ConfigError(f"method.window must be >= 1 (budget must exceed sink), got window={window}")
-        if cfg.get("prefill", "stream") not in ("stream", "dense"):
-            raise ConfigError(f"method.prefill must be stream or dense, got {cfg.get('prefill')!r}")
-        stride = cfg.get("stride")
-        if stride is not None and int(stride) < 1:
-            raise ConfigError(f"method.stride must be a positive integer or null, got {stride}")
-        if (cfg.get("window_includes_current") and cfg.get("prefill", "stream") == "stream"
-                and stride is not None and int(stride) > window):
-            raise ConfigError(f"method.stride={stride} exceeds window={window}: with window_includes_current "
-                              f"a chunk must fit in the window")
+    @property
+    def prefill_chunk(self):
+        return (self.cfg.stride or self.window) if self.cfg.prefill == "stream" else None
 
     def setup(self, info, batch, max_len, device, dtype):
         self.info = info
-        self.store = SinkRingStore()
+        self.batch = batch
+        self.store = getattr(self, "store", None) or SinkRingStore()
         self.store.allocate(info.num_layers, batch, info.num_kv_heads, self.sink, self.ring, info.head_dim,
                             device, dtype)
+
+    def buffers(self):
+        return self.store.buffers()
 
     # --- per step: which slots are visible and at which in-cache positions ------------------------
     def begin(self, step):
         super().begin(step)
         a, T, S = step.start, step.length, self.sink
-        kept_old = max(self.window - T, 0) if self.includes_current else self.window
+        kept_old = max(self.window - T, 0) if self.cfg.window_includes_current else self.window
         self.first_recent = max(S, a - kept_old)  # oldest non-sink token still visible
         slots, offsets = self.store.slots(a, a + T)
         self.slots, self.offsets = slots, offsets
         if step.phase == "decode":  # write-then-attend: the new token's slot is part of the view
             self.store.mark(slots, step.positions[offsets])
         p = self.store.slot_pos
-        visible = (p >= 0) & ((p < S) | (p >= self.first_recent))
+        self.visible = (p >= 0) & ((p < S) | (p >= self.first_recent))
         self.slot_icp = self._icp(p)
-        self.k_pos = torch.where(visible, self.slot_icp, _HIDDEN)
+        self.k_pos = torch.where(self.visible, self.slot_icp, _HIDDEN)
         self.q_icp = self._icp(step.positions)
         if step.phase != "decode":  # old view captured above; now note what this chunk leaves behind
             self.store.mark(slots, step.positions[offsets])
         last = a + T - 1
         self.attended = (last if last < S else S + last - self.first_recent) + 1
+        # In a decode step the visible slots are exactly the filled ones, and slots fill in order:
+        # a prefix of `attended` slots, which the decode kernel reads by length.
+        self.lengths = torch.full((self.batch,), self.attended, dtype=torch.int32, device=p.device)
         self._cs = None
 
     def _icp(self, p: torch.Tensor) -> torch.Tensor:
@@ -108,34 +136,21 @@ class StreamingLLM(Method):
     def attend(self, layer, q, k, v, rope):
         cs, ss, cq, sq = self._rotations(rope, q)
         qr = (q * cq + rotate_half(q) * sq).to(q.dtype)
-        store = self.store
+        store, scale = self.store, self.info.scaling
         self.record(layer, self.attended)
         if self.step.phase == "decode":
             store.write(layer, self.slots, k, v)
             keys = (store.k[layer] * cs + rotate_half(store.k[layer]) * ss).to(k.dtype)
-            return attention.dense(qr, keys, store.v[layer], q_pos=self.q_icp, k_pos=self.k_pos,
-                                   scale=self.info.scaling)
-        # prefill chunk: kept slots (re-rotated) + the chunk's own keys, causal by in-cache position
-        old = (store.k[layer] * cs + rotate_half(store.k[layer]) * ss).to(k.dtype)
+            out = kernels.decode_attention(qr[:, :, 0].contiguous(), keys, store.v[layer], self.lengths, scale,
+                                           max_length=store.k.shape[3])
+            return out.view(q.shape[0], 1, -1)
+        # prefill chunk: kept slots (re-rotated) + the chunk's own keys, causal by in-cache position;
+        # where() keeps whatever an empty slot holds (garbage, NaN) out of the arithmetic.
+        vis = self.visible.view(1, 1, -1, 1)
+        old = torch.where(vis, (store.k[layer] * cs + rotate_half(store.k[layer]) * ss).to(k.dtype), 0)
         new = (k * cq + rotate_half(k) * sq).to(k.dtype)
-        out = attention.dense(qr, torch.cat([old, new], 2), torch.cat([store.v[layer], v], 2),
-                              q_pos=self.q_icp, k_pos=torch.cat([self.k_pos, self.q_icp]),
-                              scale=self.info.scaling)
+        values = torch.cat([torch.where(vis, store.v[layer], 0), v], 2)
+        out = kernels.prefill_attention(qr, torch.cat([old, new], 2), values, scale, q_pos=self.q_icp,
+                                        k_pos=torch.cat([self.k_pos, self.q_icp]))
         store.write(layer, self.slots, k[:, :, self.offsets], v[:, :, self.offsets])
         return out
-
-    def semantics(self):
-        return {"method": self.name, "sink": self.sink, "window": self.window, "budget": self.cfg.get("budget"),
-                "budget_total": self.sink + self.window, "window_includes_current": self.includes_current,
-                "prefill": self.mode, "stride": self.prefill_chunk,
-                "budget_unit": "tokens kept per KV head (sink + window), same set for every head and layer",
-                "current_token": "inside the window" if self.includes_current else "on top of the window",
-                "positions": "in-cache (keys stored un-rotated, re-rotated each step)",
-                "dense_layers": 0}
-
-
-def _sink_window(cfg) -> tuple[int, int]:
-    sink = int(cfg.get("sink", 4))
-    budget = cfg.get("budget")
-    window = int(budget) - sink if budget is not None else int(cfg.get("window", 2000))
-    return sink, window

@@ -1,6 +1,6 @@
-"""Shared helpers for the sparse-method tests, and the cross-method checks: with a budget that covers
-the context every method equals `full` (through the Engine, prefill + decode path), and bad configs
-fail validation with one ConfigError line."""
+"""Shared helpers for the method oracle tests (a Driver feeding random q, k, v per layer, brute-force
+masked attention), and the cross-option checks of the existing methods. The checks every method
+gets for free live in tests/test_methods_conformance.py."""
 from __future__ import annotations
 
 import pytest
@@ -98,30 +98,7 @@ def masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: to
     return (p @ v).transpose(1, 2).reshape(B, T, H * D)
 
 
-# --- budget >= context: exactly full ----------------------------------------------------------------
-
-CASES = {
-    "quest": {"name": "quest", "budget": 4096},
-    "quest_kernel_path": {"name": "quest", "budget": 64, "pool": "kv_head", "include_current_page": True,
-                          "min_pages": 1},
-    "tidal": {"name": "tidal", "budget": 60, "reselect_layer": 4},
-    "tidal_kv_current": {"name": "tidal", "budget": 60, "reselect_layer": 3, "select": "kv_head",
-                         "include_current": True, "correction_interval": 5},
-    "streaming": {"name": "streaming_llm", "sink": 4, "window": 56, "stride": 16},
-    "streaming_dense": {"name": "streaming_llm", "sink": 4, "window": 56, "prefill": "dense",
-                        "window_includes_current": True},
-}
-
-
-@pytest.mark.parametrize("family", ["llama", "qwen3"])
-@pytest.mark.parametrize("case", sorted(CASES))
-def test_budget_covering_context_equals_full(case, family):
-    model = tiny_model(6, family)
-    ids = torch.randint(0, 128, (2, 60), generator=torch.Generator().manual_seed(1))
-    ref = decode_logits(model, {"name": "full"}, ids, 40)
-    got = decode_logits(model, CASES[case], ids, 40)
-    assert (ref - got).abs().max().item() <= 1e-5
-
+# --- method-specific cross-option checks (the generic ones are in test_methods_conformance.py) ------
 
 @pytest.mark.parametrize("cfg,needle", [
     ({"name": "tidal", "budget": 8, "reselect_layer": 30}, "reselect_layer=30"),

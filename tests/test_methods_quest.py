@@ -8,7 +8,7 @@ import torch
 from test_methods_common import Driver, make, masked_attention, one_thread, rope_for  # noqa: F401
 from tiny_models import tiny
 
-from methods.stores import FullStore, PageBounds
+from methods.stores import PageBounds
 
 P = 16
 
@@ -42,7 +42,7 @@ def test_pages_match_brute_force_bounds(cfg):
         qs, outs = d.step(1, "decode")
         L = d.seen
         n = -(-L // P)
-        n_sel = min(max(method.min_pages, method.budget // P), n)
+        n_sel = min(max(method.cfg.min_pages, method.cfg.budget // P), n)
         for layer in range(info.num_layers):
             k = rope.apply(d.k[layer], torch.arange(L))
             q = rope.apply(qs[layer], torch.tensor([L - 1]))
@@ -51,9 +51,9 @@ def test_pages_match_brute_force_bounds(cfg):
                 assert (outs[layer] - masked_attention(q, k, d.v[layer], mask, info.scaling)).abs().max() <= 1e-5
                 continue
             s = brute_scores(q, k, L)
-            if method.pool == "kv_head":
+            if method.cfg.pool == "kv_head":
                 s = s.unflatten(1, (info.num_kv_heads, -1)).sum(2)
-            if method.include_current:
+            if method.cfg.include_current_page:
                 s[..., n - 1] = float("inf")
             want = s.topk(n_sel, -1).indices.sort(-1).values
             got = method.selected[layer].sort(-1).values
@@ -69,18 +69,35 @@ def test_pages_match_brute_force_bounds(cfg):
 
 
 def test_page_bounds_incremental_equal_recomputed():
+    """Appends of every size, on bounds holding NaN from a 'previous sample': every page's min/max
+    equals the one recomputed from all keys written so far."""
     B, H, D, cap = 2, 3, 8, 80
-    store, bounds = FullStore(), PageBounds(P)
-    store.allocate(1, B, H, cap, D, "cpu", torch.float32)
-    store.k.fill_(float("nan"))  # stale contents past the written length must never leak in
+    bounds = PageBounds(P)
     bounds.allocate(1, B, H, cap, D, "cpu", torch.float32)
+    bounds.kmin.fill_(float("nan"))
+    bounds.kmax.fill_(float("nan"))
     keys = torch.randn(B, H, 70, D)
     start = 0
     for n in (5, 11, 1, 1, 30, 1, 21):
-        store.write(0, start, keys[:, :, start:start + n], keys[:, :, start:start + n])
-        bounds.update(0, store.k[0], start, start + n)
+        bounds.update(0, keys[:, :, start:start + n], torch.full((B,), start, dtype=torch.int32))
         start += n
-        kmin, kmax = bounds.view(0, start)
-        for p in range(kmin.shape[2]):
+        for p in range(-(-start // P)):
             blk = keys[:, :, p * P:min((p + 1) * P, start)]
-            assert torch.equal(kmin[:, :, p], blk.amin(2)) and torch.equal(kmax[:, :, p], blk.amax(2))
+            assert torch.equal(bounds.kmin[0, :, :, p], blk.amin(2)) and torch.equal(bounds.kmax[0, :, :, p], blk.amax(2))
+
+
+@pytest.mark.parametrize("clamp,pages", [(True, 62), (False, 63)])
+def test_budget_clamped_to_context_as_the_reference(clamp, pages):
+    """evaluation/quest_attention.py: token_budget = min(kv_seq_len, token_budget) before
+    min(max(3, budget // 16), n_pages): budget 1024 at 1,000 tokens keeps 62 of the 63 pages (the
+    partial last page counts as a page); `clamp_budget: false` keeps all 63."""
+    model = tiny("llama")
+    method, info = make({"name": "quest", "budget": 1024, "clamp_budget": clamp, "dense_layers": 1}, model)
+    d = Driver(method, info, rope_for(model), max_len=1001, batch=1)
+    d.step(999, "prefill")
+    d.step(1, "decode")
+    got = method.selected[1]
+    counts = (got[..., 1:] > got[..., :-1]).sum(-1) + 1  # distinct pages in the sorted valid prefix
+    assert counts.max().item() == pages and counts.min().item() == pages
+    per_head = method.stats()["attended_per_head"][1]  # 1000 tokens = 62 full pages + one of 8
+    assert all(x in (984, 992) for x in per_head) if clamp else all(x == 1000 for x in per_head)

@@ -63,5 +63,5 @@ def test_semantics_record_effective_budget():
     model = tiny("llama")
     method, _ = make({"name": "streaming_llm", "sink": 4, "budget": 64}, model)
     sem = method.semantics()
-    assert sem["window"] == 60 and sem["budget_total"] == 64 and sem["stride"] == 60
+    assert sem["window_effective"] == 60 and sem["budget_total"] == 64 and sem["prefill_stride"] == 60
     assert sem["window_includes_current"] is False and sem["prefill"] == "stream" and sem["sink"] == 4

@@ -48,16 +48,16 @@ def test_selected_tokens_are_exact_topk_and_used_downstream(cfg):
                 assert (outs[layer] - full).abs().max().item() <= 1e-5
             if layer in (2, 4):
                 s = (q @ k.repeat_interleave(g, 1).transpose(-1, -2))[:, :, 0]  # exact q.k [B, Hq, L]
-                if method.select == "kv_head":
+                if method.cfg.select == "kv_head":
                     s = s.unflatten(1, (INFO.num_kv_heads, g))
-                    s = torch.softmax(s * INFO.scaling, -1).sum(2) if method.group_score == "softmax_sum" \
+                    s = torch.softmax(s * INFO.scaling, -1).sum(2) if method.cfg.group_score == "softmax_sum" \
                         else s.amax(2)
-                if method.include_current:
+                if method.cfg.include_current:
                     s[..., L - 1] = float("inf")
                 want = s.topk(7, -1).indices.sort(-1).values
                 got = method.selected[layer].sort(-1).values
                 assert torch.equal(got, want), (L, layer)
-                if method.include_current:
+                if method.cfg.include_current:
                     assert (got == L - 1).any(-1).all()
                 current = got
             elif layer > 2:  # sparse: exactly the latest selection layer's set

@@ -1,0 +1,56 @@
+"""Selection rules shared by methods: functions of scores that return (indices, counts).
+
+Every rule here runs unchanged on every device and inside a captured CUDA graph: no host ints from
+the data, fixed output shapes (`counts` says how much of each row is real; padding entries hold 0
+and are never read by the sparse kernels).
+
+Score convention: [B, H, S] fp32, -inf where a slot holds no token (H = query heads, or KV heads
+after `group_reduce`).
+"""
+from __future__ import annotations
+
+import torch
+
+import kernels
+
+GROUP_REDUCTIONS = ("softmax_sum", "logit_max", "sum", "max", "mean")
+
+
+def group_reduce(scores: torch.Tensor, kv_heads: int, how: str, scale: float = 1.0) -> torch.Tensor:
+    """Per-query-head scores [B, Hq, S] -> one row per KV head [B, Hkv, S], pooled over its group:
+      softmax_sum  sum of the group's attention probabilities softmax(scale * s) (TidalDecode kv_head)
+      logit_max    max of the raw scores over the group
+      sum/max/mean of the scores as given (e.g. already probabilities: H2O/Cascading reductions).
+    Slots that are -inf for the group stay -inf."""
+    B, Hq, S = scores.shape
+    grouped = scores.view(B, kv_heads, Hq // kv_heads, S)
+    if how == "softmax_sum":
+        out = torch.softmax(grouped * scale, dim=-1).sum(2)
+        return out.masked_fill(grouped[:, :, 0] == float("-inf"), float("-inf"))
+    if how in ("logit_max", "max"):
+        return grouped.amax(2)
+    if how == "sum":
+        return grouped.sum(2)
+    if how == "mean":
+        return grouped.mean(2)
+    raise ValueError(f"unknown group reduction {how!r}; one of {GROUP_REDUCTIONS}")
+
+
+def force(scores: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """Scores with the slots `positions` [n] (device) set to +inf: always selected, counted in the
+    budget (the current token of TidalDecode's efficiency path)."""
+    return scores.index_fill(-1, positions, float("inf"))
+
+
+def top_tokens(scores: torch.Tensor, lengths: torch.Tensor, budget: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Top-`budget` slots per row: (index int32 [B, H, min(budget, S)] sorted by position in the
+    valid prefix, counts int32 [B, H] = min(budget, tokens present))."""
+    return kernels.topk_positions(scores, lengths, budget)
+
+
+def top_pages(page_scores: torch.Tensor, pages_valid: torch.Tensor, budget: int, *, force_last: bool,
+              row_budget: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Top pages per row (Quest): (page index int32 [B, H, min(budget, n_pages)], counts int32 [B, H]).
+    `row_budget` int [B] lowers the budget per sequence on the device (Quest's clamp of the budget
+    to the context length); the last valid page is always taken with `force_last`."""
+    return kernels.quest_topk_pages(page_scores, budget, pages_valid, force_last=force_last, row_budget=row_budget)
