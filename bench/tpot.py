@@ -16,15 +16,14 @@ import sys
 from pathlib import Path
 
 import torch
-from omegaconf import OmegaConf
 
-from methods import ModelInfo
-from bench.engine import CONF, Clock, bench_engine, load_bench_model
+from methods import REGISTRY, ModelInfo
+from bench.engine import Clock, bench_engine, load_bench_model
 from runners.results import environment
 
 
 def method_cfg(name: str, budget: int | None, info: ModelInfo) -> dict:
-    base = OmegaConf.to_container(OmegaConf.load(CONF / "method" / f"{name}.yaml"), resolve=True)
+    base = {"name": name, **REGISTRY.get(name).Config.defaults()}
     if budget is not None and "budget" in base:
         base["budget"] = budget
     if name == "tidal" and base.get("reselect_layer") is not None:

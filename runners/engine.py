@@ -15,11 +15,12 @@ from dataclasses import dataclass, field
 
 import torch
 
+from common.errors import ConfigError
 from methods.base import Method, ModelInfo, Step
 from methods.rope import Rope
-from common.errors import ConfigError
-from runners.fused_layers import FusedLayers
 from runners.graphs import DecodeGraph
+from runners.layer_ops import FusedOps, ModuleOps
+from runners.models import SUPPORTED
 from runners.sampling import sample_next
 
 
@@ -42,8 +43,9 @@ class Generation:
 class Engine:
     def __init__(self, model, method: Method, use_graphs: bool = True, use_fused: bool = True):
         cfg = model.config
-        if cfg.model_type not in ("llama", "mistral", "qwen2", "qwen3"):
-            raise ConfigError(f"model family {cfg.model_type!r} is not supported by the engine")
+        if cfg.model_type not in SUPPORTED:
+            raise ConfigError(f"model family {cfg.model_type!r} is not supported by the engine; "
+                              f"supported: {', '.join(SUPPORTED)}")
         if getattr(cfg, "use_sliding_window", False) or (cfg.model_type == "mistral" and getattr(cfg, "sliding_window", None)):
             raise ConfigError("sliding-window attention models are not supported by the engine")
         self.model = model
@@ -51,20 +53,20 @@ class Engine:
         self.info = ModelInfo.from_hf_config(cfg)
         inner = model.model
         self.embed = inner.embed_tokens
-        self.layers = inner.layers
         self.norm = inner.norm
         self.lm_head = model.lm_head
+        self.n_layers = len(inner.layers)
         self.rope = Rope(inner.rotary_emb)
         self.device = self.embed.weight.device
         self.dtype = self.embed.weight.dtype
         self.seq_len = 0      # tokens of the current sequence seen so far
         self.capacity = 0
+        # The layer's projections and element-wise ops: fused kernels on CUDA, the HF modules elsewhere.
+        fused = use_fused and FusedOps.supported(model)
+        self.ops = FusedOps.of(model, self.info) if fused else ModuleOps(model, self.info)
         # Decode steps of graph-safe methods run as one captured CUDA graph (no launch overhead).
-        self.graphs = DecodeGraph(self) if (self.device.type == "cuda" and use_graphs
-                                            and getattr(method, "graph_safe", False)) else None
+        self.graphs = DecodeGraph(self) if (self.device.type == "cuda" and use_graphs and method.graph_safe) else None
         self.history: torch.Tensor | None = None
-        # On CUDA: fused projections and element-wise kernels (runners/fused_layers.py).
-        self.fused = FusedLayers.of(model) if (use_fused and FusedLayers.supported(model)) else None
 
     # --- sequence life cycle -----------------------------------------------------------------
     def reset(self, batch: int, max_len: int) -> None:
@@ -76,6 +78,19 @@ class Engine:
         if self.history is None or self.history.shape != (batch, max_len):
             self.history = torch.empty(batch, max_len, dtype=torch.long, device=self.device)
 
+    def close(self) -> None:
+        """Give back device memory now: the method's buffers, the captured graph, the history.
+        (Dropping the last reference does the same: no reference cycle keeps an engine alive.)"""
+        self.method.release()
+        self.graphs = None
+        self.history = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
     @torch.inference_mode()
     def forward(self, ids: torch.Tensor, phase: str, logits: str = "last") -> torch.Tensor | None:
         """Run new tokens `ids` [B, T] through every layer. `logits`: "last" -> [B, V],
@@ -84,7 +99,8 @@ class Engine:
         start = self.seq_len
         if start + T > self.capacity:
             raise RuntimeError(f"sequence of {start + T} tokens exceeds the engine's capacity {self.capacity}")
-        h = self._layers(ids, phase, start)
+        positions = torch.arange(start, start + T, device=self.device)
+        h = self.layers(ids, phase, start, positions)
         self.seq_len = start + T
         if logits == "none":
             return None
@@ -92,46 +108,41 @@ class Engine:
             h = h[:, -1]
         return self.lm_head(self.norm(h)).float()
 
-    def _layers(self, ids: torch.Tensor, phase: str, start: int,
-                positions: torch.Tensor | None = None) -> torch.Tensor:
-        """Tokens `ids` [B, T] at positions start.. through every layer; returns hidden states.
-        Under CUDA-graph capture `positions` is a static device tensor and `start` is only the
-        value at capture time (graph-safe methods read positions, never start)."""
+    def decode_logits(self, token: torch.Tensor, position: torch.Tensor, graphed: bool = False) -> torch.Tensor:
+        """One decode step of `token` [B] at `position` (a [1] device tensor): logits [B, V]. Reads no
+        host state of the sequence but `seq_len` as the step's nominal start: this is the function a
+        CUDA graph captures (runners/graphs.py) and the eager path calls."""
+        h = self.layers(token.view(-1, 1), "decode", self.seq_len, position, graphed=graphed)
+        return self.lm_head(self.norm(h[:, -1])).float()
+
+    def layers(self, ids: torch.Tensor, phase: str, start: int, positions: torch.Tensor,
+               graphed: bool = False) -> torch.Tensor:
+        """Tokens `ids` [B, T] at `positions` through every layer; returns hidden states [B, T, H].
+        The one layer loop: `self.ops` supplies the projections and norms (fused or HF modules),
+        the method supplies attention and owns the KV cache."""
         T = ids.shape[1]
-        graphed = positions is not None
-        if positions is None:
-            positions = torch.arange(start, start + T, device=self.device)
         self.rope.new_step()
         self.method.begin(Step(phase=phase, start=start, length=T, positions=positions, graphed=graphed))
-        if graphed:
-            self.history.index_copy_(1, positions, ids)
-        else:
-            self.history[:, start:start + T] = ids
+        self.history.index_copy_(1, positions, ids)
+        ops, n = self.ops, self.n_layers
         h = self.embed(ids)
-        if self.fused is not None:
-            return self.fused.run(self, h)
-        for i, layer in enumerate(self.layers):
-            h = h + self._attention(i, layer, layer.input_layernorm(h))
-            h = h + layer.mlp(layer.post_attention_layernorm(h))
+        x = ops.norm_in(0, h)
+        for i in range(n):
+            q, k, v = ops.qkv(i, x)
+            a = ops.o_proj(i, self.method.attend(i, q, k, v, self.rope))
+            x, h = ops.add_norm(i, a, h, post=True)
+            m = ops.mlp(i, x)
+            if i + 1 < n:
+                x, h = ops.add_norm(i + 1, m, h, post=False)
+            else:
+                h = h + m
         return h
 
     @torch.inference_mode()
     def recompute(self, start: int, end: int) -> None:
         """Re-run cached tokens start..end-1 as a phase "correct" step (no logits, seq_len unchanged):
         the method rewrites their KV densely (TidalDecode's cache correction)."""
-        self._layers(self.history[:, start:end], "correct", start)
-
-    def _attention(self, i: int, layer, x: torch.Tensor) -> torch.Tensor:
-        attn = layer.self_attn
-        B, T, _ = x.shape
-        D = self.info.head_dim
-        q = attn.q_proj(x).view(B, T, -1, D)
-        k = attn.k_proj(x).view(B, T, -1, D)
-        v = attn.v_proj(x).view(B, T, -1, D)
-        if hasattr(attn, "q_norm"):  # Qwen3: RMSNorm over head_dim before RoPE
-            q, k = attn.q_norm(q), attn.k_norm(k)
-        out = self.method.attend(i, q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), self.rope)
-        return attn.o_proj(out)
+        self.layers(self.history[:, start:end], "correct", start, torch.arange(start, end, device=self.device))
 
     # --- prefill / decode ----------------------------------------------------------------------
     def prefill(self, ids: torch.Tensor, logits: str = "last") -> torch.Tensor | None:
@@ -153,10 +164,14 @@ class Engine:
     def decode(self, token: torch.Tensor) -> torch.Tensor:
         """One decode step: token [B] -> logits [B, V]. A method asking for a cache correction
         (`correction_span`) gets it right after the step; its cost counts in the decode time."""
-        if self.graphs is not None and self.graphs.usable():
+        if self.seq_len + 1 > self.capacity:
+            raise RuntimeError(f"sequence of {self.seq_len + 1} tokens exceeds the engine's capacity {self.capacity}")
+        if self.graphs is not None:
             logits = self.graphs.step(token)
         else:
-            logits = self.forward(token.view(-1, 1), "decode", logits="last")
+            position = torch.arange(self.seq_len, self.seq_len + 1, device=self.device)
+            logits = self.decode_logits(token, position)
+        self.seq_len += 1
         span = self.method.correction_span(self.seq_len)
         if span is not None:
             self.recompute(*span)

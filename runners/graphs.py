@@ -2,43 +2,43 @@
 
 A decode step is ~1500 small kernels for an 8B model; launched one by one from Python they cost
 more host time than the GPU needs (measured on the H100: 27 ms of GPU work behind 80 ms of host
-time per token at 8K). Captured once per (batch, capacity) and replayed, the step costs one launch.
-Inputs (token ids, position) live in static device buffers that are filled before each replay.
+time per token at 8K). Captured once and replayed, the step costs one launch. Inputs (token ids,
+position) live in static device buffers filled before each replay.
+
+A graph replays raw pointers: it is captured again whenever the batch, the capacity, the history
+buffer or any tensor the method declares in `buffers()` has moved.
 """
 from __future__ import annotations
+
+import weakref
 
 import torch
 
 
 class DecodeGraph:
     def __init__(self, engine):
-        self.engine = engine
+        self._engine = weakref.ref(engine)  # no reference cycle: an engine is freed when dropped
         self.key = None
         self.graph = None
 
-    def usable(self) -> bool:
-        return self.engine.device.type == "cuda"
+    def key_of(self, engine, token: torch.Tensor) -> tuple:
+        buffers = tuple((name, t.data_ptr()) for name, t in engine.method.buffers().items() if t is not None)
+        return (token.numel(), engine.capacity, buffers, engine.history.data_ptr())
 
     @torch.inference_mode()
     def step(self, token: torch.Tensor) -> torch.Tensor:
-        eng = self.engine
-        key = (token.numel(), eng.capacity, eng.method.graph_key(), eng.history.data_ptr())
+        """Logits [B, V] of one decode step at the engine's current position (seq_len unchanged)."""
+        eng = self._engine()
+        key = self.key_of(eng, token)
         if self.key != key:
-            self._capture(token, key)
+            self._capture(eng, token, key)
         self.tok.copy_(token.view(-1))
         self.pos.fill_(eng.seq_len)
         self.graph.replay()
-        eng.seq_len += 1
         return self.logits.clone()  # the static buffer is overwritten by the next replay
 
-    def _body(self) -> torch.Tensor:
-        eng = self.engine
-        h = eng._layers(self.tok.view(-1, 1), "decode", eng.seq_len, positions=self.pos)
-        return eng.lm_head(eng.norm(h[:, -1])).float()
-
-    @torch.inference_mode()
-    def _capture(self, token: torch.Tensor, key) -> None:
-        eng = self.engine
+    def _capture(self, eng, token: torch.Tensor, key) -> None:
+        self.graph = None  # free the previous graph's pool first
         self.tok = token.view(-1).clone()
         self.pos = torch.full((1,), eng.seq_len, dtype=torch.long, device=eng.device)
         # Warm-up on a side stream (library handles, Triton compilation). The step writes the KV
@@ -47,9 +47,9 @@ class DecodeGraph:
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             for _ in range(2):
-                self._body()
+                eng.decode_logits(self.tok, self.pos, graphed=True)
         torch.cuda.current_stream().wait_stream(side)
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
-            self.logits = self._body()
-        self.key = key
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            self.logits = eng.decode_logits(self.tok, self.pos, graphed=True)
+        self.graph, self.key = graph, key

@@ -7,6 +7,7 @@ import methods
 import tasks
 from methods.base import ModelInfo
 from common.errors import ConfigError
+from runners.models import SUPPORTED
 from tasks.base import ModelSpec
 
 WANDB_MODES = ("disabled", "offline", "online")
@@ -55,7 +56,7 @@ def validate(cfg: DictConfig) -> None:
     if cfg.model.get("weights", "pretrained") not in ("pretrained", "random"):
         raise ConfigError(f"model.weights must be pretrained or random, got {cfg.model.weights!r}")
     info = model_info(cfg.model)
-    if info.arch not in ("llama", "mistral", "qwen2", "qwen3"):
-        raise ConfigError(f"model family {info.arch!r} is not supported; supported: llama, mistral, qwen2, qwen3")
+    if info.arch not in SUPPORTED:
+        raise ConfigError(f"model family {info.arch!r} is not supported; supported: {', '.join(SUPPORTED)}")
     methods.get(cfg.method.name).validate(cfg.method, info)
     tasks.get(cfg.task.name).validate(cfg.task, model_spec(cfg.model))

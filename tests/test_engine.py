@@ -76,3 +76,49 @@ def test_nll_matches_hf(mode, stride):
     got = full_engine(model).nll(ids, mode=mode, stride=stride)
     assert got.shape == (2, 32)
     assert (ref - got).abs().max().item() <= 1e-4
+
+
+def test_dropped_engine_is_freed_without_the_garbage_collector():
+    """No reference cycle (engine <-> graph wrapper): the last reference going frees the engine and
+    its method's KV storage at once (three 128K engines in one process ran out of memory)."""
+    import gc
+    import weakref
+
+    model = tiny("llama")
+    eng = full_engine(model)
+    eng.reset(2, 64)
+    method = weakref.ref(eng.method)
+    gc.disable()
+    try:
+        ref = weakref.ref(eng)
+        del eng
+        assert ref() is None and method() is None
+    finally:
+        gc.enable()
+
+
+def test_close_releases_the_method_buffers():
+    eng = full_engine(tiny("llama"))
+    eng.reset(1, 32)
+    assert eng.method.buffers()["k"] is not None
+    eng.close()
+    assert eng.method.store is None and eng.history is None
+
+
+def test_long_prefill_runs_the_mlp_in_row_chunks(monkeypatch):
+    """Prefill memory is bounded: the MLP of a long prompt runs in chunks of rows, same logits."""
+    from runners import layer_ops
+
+    model = tiny("llama")
+    ids = torch.randint(0, model.config.vocab_size, (2, 45), generator=torch.Generator().manual_seed(5))
+    one = full_engine(model).logits(ids)
+    calls = []
+    real = layer_ops._chunked
+
+    def spy(fn, x, rows=layer_ops.MLP_ROWS):
+        calls.append(x.shape)
+        return real(fn, x, rows=16)
+
+    monkeypatch.setattr(layer_ops, "_chunked", spy)
+    chunked = full_engine(model).logits(ids)
+    assert calls and (one - chunked).abs().max().item() <= 1e-6
