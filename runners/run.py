@@ -99,7 +99,8 @@ def _batches(samples, size):
     """Consecutive samples of equal prompt length and generation settings, up to `size`."""
     batch = []
     for s in samples:
-        key = (len(s.input_ids), s.max_new_tokens, s.decode_tail, s.temperature, s.top_p, s.seed, s.nll_mode)
+        key = (len(s.input_ids), s.max_new_tokens, s.decode_tail, s.temperature, s.top_p, s.seed, s.nll_mode,
+               tuple(s.stop_ids))
         if batch and (len(batch) == size or key != batch[0][0]):
             yield [b for _, b in batch]
             batch = []
@@ -123,7 +124,7 @@ def _run_batch(engine, task, batch, tokenizer, stop_ids, info):
                    "input_tokens": len(s.input_ids), "nll_mode": s.nll_mode, "stride": s.stride,
                    "nll": [round(float(x), 4) for x in row_nll], "attended": engine.method.stats()}
         return
-    gen = engine.generate(ids, max_new_tokens=first.max_new_tokens, stop_ids=stop_ids,
+    gen = engine.generate(ids, max_new_tokens=first.max_new_tokens, stop_ids=[*stop_ids, *first.stop_ids],
                           temperature=first.temperature, top_p=first.top_p, seed=first.seed,
                           decode_tail=first.decode_tail)
     timings = vars(gen.timings)

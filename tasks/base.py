@@ -14,6 +14,7 @@ from typing import Any, ClassVar, Iterable, Iterator
 
 from common.errors import ConfigError
 from common.registry import Registry
+from tasks._tokens import bos_ids
 
 
 @dataclass
@@ -30,6 +31,7 @@ class Sample:
     nll_mode: str = "decode"             # nll tasks: "decode" (token by token) | "stride" (prefill chunks)
     stride: int | None = None            # nll stride mode: chunk length (None = the method's prefill_chunk)
     extra: dict[str, Any] = field(default_factory=dict)    # what the scorer needs (all_classes ...)
+    stop_ids: list[int] = field(default_factory=list)      # task's own stop tokens, on top of the model's
 
 
 @dataclass
@@ -98,10 +100,9 @@ class Task:
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
     def bos(self) -> list[int]:
-        """The BOS id the tokenizer would add to a prompt (none for tokenizers that add none)."""
-        ids = self.tokenizer("a")["input_ids"]
-        plain = self.tokenizer("a", add_special_tokens=False)["input_ids"]
-        return ids[: len(ids) - len(plain)] if len(ids) > len(plain) else []
+        """The ids the tokenizer puts before a text (its BOS; none for tokenizers that add none,
+        and never an appended EOS: see tasks/_tokens.py)."""
+        return bos_ids(self.tokenizer)
 
 
 def mean_metrics(rows: list[dict], group_by: list[str]) -> dict[str, Any]:

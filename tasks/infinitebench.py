@@ -3,8 +3,9 @@
 Two protocols (`task.protocol`):
   official  OpenBMB src/: templates `gpt4` when a chat template is applied, `yarn_mistral` (answer
             prefixes such as "The pass key is") on raw prompts, `DATA_NAME_TO_MAX_NEW_TOKENS`,
-            middle truncation of the templated prompt (`truncate_input`: ids[:M//2] + ids[-M//2:]
-            with the BOS counted, decoded with special tokens skipped), scorers of compute_scores.py.
+            middle truncation of the templated prompt (eval_yarn_mistral `truncate_input`:
+            ids[:M//2] + ids[-(M//2):] with the BOS counted, decoded with special tokens skipped),
+            scorers of compute_scores.py.
   infllm    thunlp/InfLLM benchmark/ (InfLLM-based papers, e.g. Ltri-LLM Table 2): InfLLM's
             templates and max new tokens, chat template on every task, "suffix" truncation of the
             chat-wrapped ids (first 128 + last max_length - max_new_tokens - 128, applied to token
@@ -28,14 +29,9 @@ from typing import Any
 from common.errors import ConfigError
 from tasks import metrics
 from tasks._infinitebench_prompts import MAX_NEW_TOKENS, TEMPLATES
+from tasks._tokens import encode_prompt
 from tasks.base import ModelSpec, Sample, Task, register
-from tasks.longbench import (
-    apply_chat,
-    encode_prompt,
-    read_jsonl,
-    resolve_subsets,
-    wants_chat,
-)
+from tasks.longbench import apply_chat, read_jsonl, resolve_subsets, wants_chat
 
 HUB_ID = "xinrongzhang2022/InfiniteBench"
 ALIASES = {"En.Sum": "longbook_sum_eng", "En.QA": "longbook_qa_eng", "En.MC": "longbook_choice_eng",
@@ -107,11 +103,14 @@ def get_label(task: str, eg: dict):
 
 
 def official_truncate(tokenizer, prompt: str, max_length: int) -> tuple[str, int]:
-    """eval_yarn_mistral truncate_by_tokens: tok.encode (with BOS), middle, decode."""
+    """eval_yarn_mistral truncate_by_tokens: tok.encode (with BOS), middle, decode. Its
+    truncate_input keeps ids[:M//2] + ids[-(M//2):], 2*(M//2) tokens: one fewer than M when M is
+    odd (eval_utils.truncate_input, used only for GPT-4, slices [-M//2:] and keeps M)."""
     ids = tokenizer(prompt)["input_ids"]
     if len(ids) <= max_length:
         return prompt, len(ids)
-    kept = ids[0: max_length // 2] + ids[-max_length // 2:]
+    split = max_length // 2
+    kept = ids[:split] + ids[-split:]
     return tokenizer.decode(kept, skip_special_tokens=True), len(ids)
 
 
@@ -301,7 +300,7 @@ class InfiniteBench(Task):
         return {
             "task": self.name, "protocol": self.protocol, "templates": self.template_set,
             "chat_template": self.chat, "max_length": self.max_length,
-            "truncation": ("middle: ids[:M//2] + ids[-M//2:] of the templated prompt"
+            "truncation": ("middle: ids[:M//2] + ids[-(M//2):] of the templated prompt"
                            if self.protocol == "official" else
                            "suffix: first 128 + last (M - max_new_tokens - 128) chat-wrapped ids"),
             "data": "generated (construct_synthetic_dataset.py strings)" if self.cfg.get("generate")

@@ -17,8 +17,13 @@ Protocol (LongBench pred.py / eval.py, kept byte for byte where it matters):
      (triviaqa), "Do not provide" (narrativeqa), else nowhere, but at most the last 100 characters
      go to the tail; head and tail are tokenized separately (tail without BOS) and the tail tokens
      are fed one by one through the decode path. An integer N feeds the last N tokens instead.
-  5. Greedy generation of `dataset2maxlen[subset]` tokens; scoring by `tasks.metrics.longbench_score`
+     (Quest strips the tail's first token unconditionally, `[:, 1:]`: on a tokenizer without BOS,
+     e.g. Qwen3, that drops a real token; we strip only the tokenizer's actual BOS.)
+  5. Greedy generation of `dataset2maxlen[subset]` tokens; samsum also stops at the token that ends
+     "\n" (pred.py's extra eos id, `Sample.stop_ids`); scoring by `tasks.metrics.longbench_score`
      (first line for trec/triviaqa/samsum/lsht, max over answers); dataset score round(100*mean, 2).
+  Tokenization is `tokenizer(prompt)` as pred.py does (special prefix and suffix: a tokenizer that
+  appends EOS gets it here too), minus a second BOS after a chat template (`tasks/_tokens.py`).
 
 Data: `task.data_dir/<subset>.jsonl` (`<subset>_e.jsonl` for LongBench-E) with the LongBench rows
 (input, context, answers, length, dataset, language, all_classes, _id), else the hub dataset's
@@ -36,6 +41,7 @@ from typing import Any
 
 from common.errors import ConfigError
 from tasks import metrics
+from tasks._tokens import bos_ids, encode_prompt  # noqa: F401  (part of this module's helpers)
 from tasks.base import ModelSpec, Sample, Task, register
 
 CONFIG_DIR = Path(__file__).resolve().parent / "longbench_config"
@@ -67,6 +73,9 @@ QUEST_SPLIT = {"qasper": "Question:", "hotpotqa": "Question:", "multifieldqa_en"
                "gov_report": "Now,", "triviaqa": "Answer the question",
                "narrativeqa": "Do not provide"}
 QUEST_TAIL_CHARS = 100
+# pred.py passes these as extra eos ids ("prevent illegal output on samsum"); it also sets
+# min_length = prompt + 1, which the engine has no equivalent for (see describe()).
+STOP_STRINGS = {"samsum": ["\n"]}
 
 
 @lru_cache(maxsize=1)
@@ -94,20 +103,16 @@ def resolve_subsets(spec, presets: dict[str, list[str]], known, what: str) -> li
 
 
 # prompt helpers (shared with tasks/infinitebench.py) ----------------------------------------------
-def bos_ids(tokenizer) -> list[int]:
-    ids = tokenizer("a")["input_ids"]
-    plain = tokenizer("a", add_special_tokens=False)["input_ids"]
-    return ids[: len(ids) - len(plain)] if len(ids) > len(plain) else []
-
-
-def encode_prompt(tokenizer, text: str) -> list[int]:
-    """Token ids of a prompt as `tokenizer(text)` gives them, but with no second BOS when a chat
-    template already wrote the BOS token into the text."""
-    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-    bos = bos_ids(tokenizer)
-    if bos and not (tokenizer.bos_token and text.startswith(tokenizer.bos_token)):
-        ids = bos + ids
-    return ids
+def stop_token_ids(tokenizer, stop_strings) -> list[int]:
+    """pred.py's extra eos ids: `tokenizer.encode(s, add_special_tokens=False)[-1]` per stop string
+    (samsum: "\n"), i.e. the token that ends the string, not every token that contains it."""
+    out = []
+    for s in stop_strings:
+        ids = tokenizer(s, add_special_tokens=False)["input_ids"]
+        if not ids:
+            raise ConfigError(f"stop string {s!r} encodes to no token with this tokenizer")
+        out.append(int(ids[-1]))
+    return out
 
 
 def middle_truncate(tokenizer, prompt: str, max_length: int) -> tuple[str, int]:
@@ -224,7 +229,7 @@ class LongBench(Task):
             q_pos = text.rfind(key) if key else -1
             q_pos = max(len(text) - QUEST_TAIL_CHARS, q_pos)
             head = encode_prompt(self.tokenizer, text[:q_pos])
-            tail = self.tokenizer(text[q_pos:], add_special_tokens=False)["input_ids"]
+            tail = encode_prompt(self.tokenizer, text[q_pos:], prefix=False)
             return head + tail, len(tail)
         ids = encode_prompt(self.tokenizer, text)
         return ids, min(int(self.tail), len(ids) - 1)
@@ -239,11 +244,8 @@ class LongBench(Task):
             id=f"{subset}/{row.get('_id') or index}", input_ids=ids,
             references=list(row["answers"]), params=params,
             max_new_tokens=int(self.cfg.get("max_new_tokens") or self.maxlen[subset]),
-            decode_tail=tail,
-            extra={"all_classes": row.get("all_classes"), "subset": subset,
-                   # LongBench pred.py also stops samsum at "\n" (with min_length 1); the first-line
-                   # rule at scoring makes the score the same without it.
-                   **({"stop_strings": ["\n"]} if subset == "samsum" else {})})
+            decode_tail=tail, stop_ids=stop_token_ids(self.tokenizer, STOP_STRINGS.get(subset, ())),
+            extra={"all_classes": row.get("all_classes"), "subset": subset})
 
     # scoring ---------------------------------------------------------------------------------------
     def score(self, sample: Sample, prediction: str) -> dict[str, float]:
@@ -265,7 +267,7 @@ class LongBench(Task):
                 buckets.setdefault(subset, {}).setdefault(b, []).append(s)
         by = {k: {"n": len(v), "score": metrics.longbench_aggregate(v)} for k, v in per.items()}
         for k, bk in buckets.items():
-            by[k]["buckets"] = {b: metrics.longbench_aggregate(v) for b, v in sorted(bk.items())}
+            by[k]["buckets"] = {b: metrics.longbench_e_aggregate(v) for b, v in sorted(bk.items())}
         out: dict[str, Any] = {"n": len(rows), "by_subset": by}
         if by:
             out["average"] = round(sum(v["score"] for v in by.values()) / len(by), 2)
@@ -286,4 +288,7 @@ class LongBench(Task):
             "metric": "LongBench metrics.py; first line for trec/triviaqa/samsum/lsht; max over "
                       "answers; dataset score round(100*mean, 2)",
             "rouge": "PyPI rouge ROUGE-L F", "code_sim_backend": self.backend,
+            "stop_strings": STOP_STRINGS,
+            "not_reproduced": "pred.py's min_length=prompt+1 for samsum (a newline or EOS as the "
+                              "first token ends our generation empty; pred.py would suppress it)",
         }

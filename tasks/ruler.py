@@ -20,7 +20,7 @@ from common.errors import ConfigError
 from tasks.base import ModelSpec, Sample, Task, register
 from tasks.metrics import RULER_METRICS, ruler_postprocess
 from tasks.ruler_gen import GENERATORS
-from tasks.ruler_spec import METRIC, MODEL_TEMPLATES, PRESETS, TASKS, TEMPLATES
+from tasks.ruler_spec import METRIC, MODEL_TEMPLATES, PRESETS, PROMPT_VERSIONS, TASKS, TEMPLATES
 
 _MARK = "\x00RULER_TASK_TEMPLATE\x00"
 
@@ -79,6 +79,8 @@ class Ruler(Task):
                               f"({', '.join(MODEL_TEMPLATES)}), got {tmpl!r}")
         if tmpl == "hf" and not model.chat_template:
             raise ConfigError(f"task.template=hf but model {model.name} is not a chat model (chat_template: false)")
+        if cfg.get("prompt_version", "original") not in PROMPT_VERSIONS:
+            raise ConfigError(f"task.prompt_version must be one of {', '.join(PROMPT_VERSIONS)}")
         if cfg.get("sentence_splitter", "punkt") not in ("punkt", "punkt_untrained"):
             raise ConfigError("task.sentence_splitter must be punkt or punkt_untrained")
 
@@ -252,12 +254,15 @@ class Ruler(Task):
         df = pd.json_normalize(rows)
         out: dict[str, Any] = {"n": len(df), "scale": "percent (0-100)", "by_length": {}}
         for length, g in df.groupby("params.length"):
-            per_task = g.groupby("params.subtask")["metrics.score"].mean() * 100
-            order = [t for t in self.tasks if t in per_task.index] + \
-                    [t for t in per_task.index if t not in self.tasks]
+            # RULER's string_match_*: sum of per-sample scores in sample order / n * 100 (a running
+            # sum, not pandas' mean: the two can differ in the last bit and so in the rounding).
+            if "params.index" in g:
+                g = g.sort_values("params.index", kind="stable")
+            per_task = {t: sum(x["metrics.score"].tolist()) / len(x) * 100 for t, x in g.groupby("params.subtask")}
+            order = [t for t in self.tasks if t in per_task] + [t for t in per_task if t not in self.tasks]
             out["by_length"][str(int(length))] = {
                 "tasks": {t: round(float(per_task[t]), 2) for t in order},
-                "average": round(float(per_task.mean()), 2),
+                "average": round(float(np.mean(list(per_task.values()))), 2),
                 "nulls": {t: int(g.loc[g["params.subtask"] == t, "metrics.null"].sum()) for t in order},
                 "n": {t: int((g["params.subtask"] == t).sum()) for t in order},
             }
@@ -270,6 +275,7 @@ class Ruler(Task):
             "task": self.name,
             "generator": "NVIDIA/RULER scripts/data/synthetic (per-sample seeds; fit: prompt+tokens_to_generate<=length)",
             "template": self.template_name,
+            "prompt_version": c.get("prompt_version", "original"),
             "answer_prefix": "appended after the model wrapper (RULER prepare.py)",
             "scorer": "RULER string_match_all (niah, vt, cwe, fwe) / string_match_part (qa), case-insensitive",
             "seed": self.seed,

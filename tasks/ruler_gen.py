@@ -20,7 +20,7 @@ import numpy as np
 
 from common.errors import ConfigError
 from tasks import ruler_data as data
-from tasks.ruler_spec import DOCUMENT_PROMPT, MODEL_TEMPLATES, NEEDLE, NOISE, TEMPLATES
+from tasks.ruler_spec import DOCUMENT_PROMPT, MODEL_TEMPLATES, NEEDLE, NOISE, TEMPLATES, templates
 
 # niah.py / variable_tracking.py: 40 insertion depths, in percent.
 DEPTHS = list(np.round(np.linspace(0, 100, num=40, endpoint=True)).astype(int))
@@ -38,7 +38,7 @@ class Generator:
 
     def __init__(self, args: dict, wrap: str, seed: int, cfg, max_seq_length: int):
         self.args, self.wrap, self.seed, self.cfg, self.length = args, wrap, seed, cfg, max_seq_length
-        t = TEMPLATES[self.key]
+        t = templates(cfg.get("prompt_version", "original"))[self.key]
         self.template = wrap_template(wrap, t["template"]) + t["answer_prefix"]
 
     @property
@@ -174,7 +174,7 @@ class VariableTracking(Generator):
             self.split = data.sentence_splitter(cfg.get("sentence_splitter", "punkt"))
         elif self.haystack_kind != "noise":
             raise ConfigError(f"RULER vt haystack {self.haystack_kind!r} is not implemented")
-        t = TEMPLATES["variable_tracking"]
+        t = templates(cfg.get("prompt_version", "original"))["variable_tracking"]
         self.bare = t["template"] + t["answer_prefix"]
         self.icl = None   # set by make_icl (the one-shot example, as RULER builds it first)
 

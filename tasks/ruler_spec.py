@@ -2,8 +2,11 @@
 scripts/synthetic.yaml, scripts/data/template.py). Kept apart from the generators so that a
 template change is a one-line diff against the official files.
 
-Typos are RULER's own and are kept on purpose ("assgined" in the vt answer prefix): the prompt
-must be byte-identical to the official one for scores to be comparable.
+Typos are RULER's own and are kept on purpose: the prompt must be byte-identical to the official one
+for scores to be comparable. The vt answer prefix's "assgined" was RULER's from its release (2024)
+until upstream corrected it to "assigned" (present at NVIDIA/RULER @c3f5e3b, 2026-07); the papers
+we reproduce (Ltri-LLM, LycheeDecode) predate the correction, so `original` is the default and
+`task.prompt_version: fixed` gives the corrected text (`templates()`).
 """
 from __future__ import annotations
 
@@ -35,6 +38,20 @@ TEMPLATES: dict[str, dict] = {
         "answer_prefix": " Answer:",
     },
 }
+
+PROMPT_VERSIONS = ("original", "fixed")
+
+
+def templates(version: str = "original") -> dict[str, dict]:
+    """TEMPLATES as RULER had them in `version`: original (with "assgined") or fixed."""
+    if version not in PROMPT_VERSIONS:
+        raise ValueError(f"RULER prompt version must be one of {PROMPT_VERSIONS}, got {version!r}")
+    if version == "original":
+        return TEMPLATES
+    vt = dict(TEMPLATES["variable_tracking"])
+    vt["answer_prefix"] = vt["answer_prefix"].replace("assgined", "assigned")
+    return {**TEMPLATES, "variable_tracking": vt}
+
 
 # scripts/synthetic.yaml: the 13 tasks -> generator and its arguments.
 TASKS: dict[str, dict] = {

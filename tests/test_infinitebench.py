@@ -77,7 +77,7 @@ def test_official_middle_truncation(tmp_path, smol_tokenizer):
     s = next(iter(t.samples()))
     prompt = ib.format_prompt("passkey", row, TEMPLATES["yarn_mistral"]["passkey"])
     ids = smol_tokenizer(prompt)["input_ids"]
-    kept = ids[:500] + ids[-501:]                                       # M//2 and -M//2 (odd M)
+    kept = ids[:500] + ids[-500:]                   # eval_yarn_mistral: split = M//2 each side (odd M)
     assert smol_tokenizer.decode(s.input_ids) == smol_tokenizer.decode(kept, skip_special_tokens=True)
     assert s.params["truncated"] and s.params["prompt_tokens_full"] == len(ids)
     assert smol_tokenizer.decode(s.input_ids).endswith("What is the pass key?\n\nThe pass key is")

@@ -77,14 +77,25 @@ def test_validate():
     cls.validate(cfg("aime", k=1, temperature=0.0), SPEC)                          # LycheeDecode: greedy
 
 
-def test_last_boxed_extraction():
-    assert last_boxed("\\boxed{1} then \\boxed{\\frac{1}{2}}") == "\\frac{1}{2}"       # last, nested
-    assert last_boxed("x \\boxed{\\{1, \\{2\\}\\}} y") == "\\{1, \\{2\\}\\}"
-    assert last_boxed("$\\boxed{a_{n}^{2}}$.") == "a_{n}^{2}"
-    assert last_boxed("so \\boxed 5$ done") == "5"
-    assert last_boxed("\\fbox{7}") == "7"
-    assert last_boxed("</think> The answer is 3.") is None
-    assert last_boxed("\\boxed{\\frac{1}{2}") is None                                # unbalanced
+@pytest.mark.parametrize("text, expected", [
+    # hendrycks/math: remove_boxed(last_boxed_only_string(text)), values from its code
+    ("\\boxed{1} then \\boxed{\\frac{1}{2}}", "\\frac{1}{2}"),        # the last one, nested braces
+    ("x \\boxed{\\{1, \\{2\\}\\}} y", "\\{1, \\{2\\}\\}"),
+    ("$\\boxed{a_{n}^{2}}$.", "a_{n}^{2}"),
+    ("The answer is \\boxed{204}.", "204"),
+    ("\\boxed{}", ""),
+    ("</think> The answer is 3.", None),
+    ("\\boxed{\\frac{1}{2}", None),                                  # unbalanced
+    ("\\boxed 12, 13", None),                                        # no brace after \\boxed
+    ("so \\boxed 5$ done", None),
+    ("\\boxed 5 and {x}", None),                                     # braces found, not "\\boxed{"
+    ("\\fbox{5}", None),                                             # found, but remove_boxed needs \\boxed{
+    ("\\boxed{5} and \\fbox{6}", "5"),                              # any \\boxed beats a later \\fbox
+    ("\\boxed {2}", None),
+    ("\\boxed{3} \\boxed{ 4 }", " 4 "),
+])
+def test_last_boxed_is_hendrycks_extraction(text, expected):
+    assert last_boxed(text) == expected
 
 
 @pytest.mark.parametrize("gold, answer, ok", [

@@ -94,6 +94,24 @@ def test_aggregate_and_buckets():
     assert math.isnan(m.longbench_aggregate([]))
     assert [m.longbench_e_bucket(n) for n in (3999, 4000, 7999, 8000)] == ["0-4k", "4-8k", "4-8k", "8k+"]
     assert len(m.LONGBENCH_METRIC) == 21
+    # eval.py: scorer() keeps a running total, scorer_e() takes np.mean (pairwise sum); on these 16
+    # scores the two land on either side of x.xx5 and round differently (values from the two codes)
+    v = [0.25, 0.7, 0.0, 0.25, 0.3, 0.1, 1.0, 0.25, 0.3, 0.25, 0.5, 1.0, 2 / 3, 0.7, 1 / 3, 0.1]
+    assert m.longbench_aggregate(v) == 41.88 and m.longbench_e_aggregate(v) == 41.87
+    assert math.isnan(m.longbench_e_aggregate([]))
+
+
+def test_code_sim_equals_fuzzywuzzy_on_long_and_odd_lines():
+    from fuzzywuzzy import fuzz
+
+    long_a = "    result = compute(" + ", ".join(f"arg{i}" for i in range(60)) + ")"
+    long_b = long_a.replace("arg3", "argument3").replace("compute", "evaluate")
+    pairs = [(long_a, long_b), ("x" * 250, "x" * 249 + "y"), ("é = 1", "e = 1"), ("a", ""), ("", "a"),
+             ("self.assertEqual(a, b)", "self.assertEqual(b, a)"), ("  return", "return")]
+    assert len(long_a) > 200           # difflib's autojunk threshold; Levenshtein has none
+    for a, b in pairs:
+        assert m.fuzz_ratio(a, b, "levenshtein") == fuzz.ratio(a, b), (a, b)
+    assert m.code_sim_score("// c\n`x`\n" + long_a, long_b) == fuzz.ratio(long_a, long_b) / 100
 
 
 # InfiniteBench ------------------------------------------------------------------------------------
@@ -139,6 +157,9 @@ def test_ib_math_and_qa():
     assert m.ib_math_find("The answer is 42.", 42) == 1.0
     assert m.ib_math_find("3.5", [3.5]) == 1.0
     assert m.ib_math_find("nothing", 42) == 0.0
+    assert m.ib_math_find("42.0", 42) == 0.0     # compute_scores: int("42.0") raises; never right
+    assert m.ib_math_find("42", 42.0) == 1.0
+    assert m.ib_math_find("x 1", True) == 1.0     # a bool label is an int, as in compute_scores
     with pytest.raises(TypeError):
         m.ib_math_find("42", "42")
     assert m.ib_math_calc("1, 4, 9", [1, 4, 8]) == pytest.approx(2 / 3)

@@ -121,6 +121,11 @@ def test_digit_accuracy_known_answers():
     assert passkey_digit_accuracy("02345", "12345") == pytest.approx(0.8)    # positionwise
     assert passkey_digit_accuracy("2345", "12345") == 0.0                    # shifted: no credit
     assert passkey_digit_accuracy("1-2-3-4-5", "12345") == 1.0
+    # get_numbers keeps what str.isdigit() accepts: "²" and full-width digits take positions
+    assert passkey_digit_accuracy("²12345", "12345") == 0.0                 # "²1234" vs "12345"
+    assert passkey_digit_accuracy("1²345", "12345") == pytest.approx(0.8)   # "²" holds the 2nd position
+    assert passkey_digit_accuracy("１２３４５", "12345") == 0.0               # full-width != ASCII
+    assert passkey_digit_accuracy("12３45", "12345") == pytest.approx(0.8)
 
 
 def test_score_and_aggregate_per_length_bin(smol_tokenizer):

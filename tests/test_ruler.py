@@ -193,6 +193,29 @@ def test_summarize_per_length_table():
     assert out["by_length"]["8192"]["average"] == 100.0 and out["score"] == 68.75
 
 
+def test_summarize_sums_like_ruler_string_match():
+    # RULER: round(sum(per-sample) / n * 100, 2) over samples in order; a pandas/numpy mean of these
+    # 16 scores gives 45.62, RULER's running sum 45.63
+    v = [0.75, 0.8, 0.6, 0.6, 0.25, 1.0, 0.0, 1.0, 1 / 3, 0.0, 0.4, 0.4, 0.0, 0.5, 0.0, 2 / 3]
+    rows = [{"params": {"subtask": "vt", "length": 4096, "index": i}, "metrics": {"score": x, "null": 0.0}}
+            for i, x in enumerate(v)]
+    t = tasks.get("ruler").__new__(tasks.get("ruler"))
+    t.tasks = ["vt"]
+    assert t.summarize(rows[::-1])["by_length"]["4096"]["tasks"] == {"vt": 45.63}   # sample order restored
+
+
+def test_vt_prompt_version(smol_tokenizer):
+    fixed = make(smol_tokenizer, tasks=["vt"], template="base", prompt_version="fixed")
+    text, ans, _, _ = fixed.render("vt", L, 0)
+    value = re.search(rf"VAR {ans[0]} = (\d{{5}})", text).group(1)
+    assert text.endswith(VT_Q.replace("assgined", "assigned").format(v=value))
+    assert "assgined" not in text                                       # one-shot example too
+    assert fixed.describe()["prompt_version"] == "fixed"
+    assert OmegaConf.load(ROOT / "conf/task/ruler.yaml").prompt_version == "original"
+    with pytest.raises(ConfigError, match="prompt_version"):
+        make(smol_tokenizer, tasks=["vt"], prompt_version="2025")
+
+
 def test_qa_from_local_files(smol_tokenizer, tmp_path):
     paras = [{"context": f"Paragraph {i} says that the capital of land {i} is city {i * 7}. " * 3,
               "qas": [{"question": f"What is the capital of land {i}?", "is_impossible": False,

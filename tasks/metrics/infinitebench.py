@@ -126,12 +126,15 @@ def ib_code_debug_infllm(pred: str, label) -> float:
 def ib_math_find(pred: str, label) -> float:
     label = _first(label)
     m = re.search(r"\d+\.\d+|\d+", pred)
-    if isinstance(label, bool) or not isinstance(label, (int, float)):
+    if not isinstance(label, (int, float)):           # a bool is an int here too, as in Python
         raise TypeError(f"Expected int or float, got {type(label)}")
     if m is None:
         return 0.0
     first = m.group(0).strip()
-    return float(int(first) == label) if isinstance(label, int) else float(float(first) == label)
+    if isinstance(label, int):
+        # compute_scores calls int() on the match: a decimal ("3.5") raises there; it is wrong here.
+        return float("." not in first and int(first) == label)
+    return float(float(first) == label)
 
 
 def ib_code_run(pred: str, label) -> float:

@@ -168,6 +168,14 @@ def longbench_aggregate(scores: list[float]) -> float:
     return round(100 * sum(scores) / len(scores), 2) if scores else float("nan")
 
 
+def longbench_e_aggregate(scores: list[float]) -> float:
+    """LongBench-E bucket score as eval.py scorer_e computes it: round(100 * np.mean(scores), 2)
+    (numpy's pairwise sum, which can differ from a running sum in the last bit; NaN for none)."""
+    import numpy as np
+
+    return float(round(100 * np.mean(scores), 2)) if scores else float("nan")
+
+
 def longbench_e_bucket(length: int) -> str:
     """LongBench-E length bucket of a sample's `length` field (words, or characters for Chinese)."""
     return "0-4k" if length < 4000 else ("4-8k" if length < 8000 else "8k+")

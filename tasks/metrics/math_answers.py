@@ -1,33 +1,47 @@
-"""Math answers: brace-balanced last \\boxed{} and math-verify equivalence (R1-distill protocol)."""
+"""Math answers: hendrycks MATH last \\boxed{} extraction and math-verify equivalence (R1-distill protocol)."""
 from __future__ import annotations
 
 import re
 
-def last_boxed(text: str) -> str | None:
-    """Content of the LAST `\\boxed{...}` / `\\fbox{...}` in `text`, braces matched so nested groups
-    (`\\boxed{\\frac{1}{2}}`) survive; `\\boxed 5` (no braces) gives the token after the space. Same
-    contract as hendrycks `last_boxed_only_string` + `remove_boxed`; None when absent or unbalanced.
-    Regex/split extractors (`[^}]*`) cut nested braces: that is why this walks the string."""
-    start = max(text.rfind("\\boxed"), text.rfind("\\fbox"))
-    if start < 0:
-        return None
-    i = start + (len("\\boxed") if text.startswith("\\boxed", start) else len("\\fbox"))
-    if i < len(text) and text[i] == " ":                         # "\boxed 5": up to "$" or whitespace
-        m = re.match(r"\s*([^\s$]+)", text[i:])
-        return m.group(1) if m else None
-    while i < len(text) and text[i].isspace():
-        i += 1
-    if i >= len(text) or text[i] != "{":
-        return None
+
+def last_boxed_only_string(text: str) -> str | None:
+    """hendrycks/math modeling/dataset/util.py `last_boxed_only_string`: the LAST "\\boxed" (only if
+    there is none, the last "\\fbox"), up to the brace that brings the count of braces seen from
+    there back to zero; None when there is no such brace. Braces are counted, so nested groups
+    (`\\boxed{\\frac{1}{2}}`) survive, unlike regex/split extractors (`[^}]*`)."""
+    idx = text.rfind("\\boxed")
+    if idx < 0:
+        idx = text.rfind("\\fbox")
+        if idx < 0:
+            return None
     depth = 0
-    for j in range(i, len(text)):
+    for j in range(idx, len(text)):
         if text[j] == "{":
             depth += 1
         elif text[j] == "}":
             depth -= 1
             if depth == 0:
-                return text[i + 1: j]
+                return text[idx:j + 1]
     return None
+
+
+def remove_boxed(s: str | None) -> str | None:
+    """hendrycks/math eval_math_gpt.py `remove_boxed`: the content of "\\boxed{...}", None for
+    anything else (its asserts fail and its bare except returns None): "\\fbox{5}", "\\boxed {2}",
+    "\\boxed 5" give None."""
+    left = "\\boxed{"
+    if s is not None and s.startswith(left) and s.endswith("}"):
+        return s[len(left):-1]
+    return None
+
+
+def last_boxed(text: str) -> str | None:
+    """The answer of an output as hendrycks MATH extracts it: remove_boxed(last_boxed_only_string).
+    Matched exactly (lm-eval's variant also reads "\\boxed 5"; Qwen2.5-Math's reads "\\boxed 5" and
+    falls back to the last number). What that means for AIME-style outputs: "\\boxed{204}" -> "204";
+    "\\boxed 204", "\\boxed {204}", "\\fbox{204}" -> None (scored incorrect); "\\boxed{5} and
+    \\fbox{6}" -> "5" (a \\boxed anywhere wins over a later \\fbox)."""
+    return remove_boxed(last_boxed_only_string(text))
 
 
 _SCI = re.compile(r"\s*([+-]?\d+(?:\.\d+)?)[eE]([+-]?\d+)\s*")

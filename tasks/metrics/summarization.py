@@ -1,12 +1,15 @@
 """Cascading passkey digit accuracy and ROUGE with the rouge-score package (Booksum)."""
 from __future__ import annotations
 
+
 def passkey_digit_accuracy(prediction: str, target: str) -> float:
-    """Cascading KV Cache passkey score (jeffwillette/cascading_kv_cache cascade/main/jobs/passkey.py):
-    keep the ASCII digits of the output, take the first len(target), right-pad with "A" (never a digit,
-    so missing digits count as wrong) and compare position by position. Returns correct / len(target);
-    the per-"{length}-{loc}" accuracy is the mean of this over the bin's samples (same digit count each)."""
-    digits = "".join(c for c in prediction if c in "0123456789")[: len(target)]
+    """Cascading KV Cache passkey score (jeffwillette/cascading_kv_cache cascade/main/jobs/passkey.py
+    `get_numbers`): keep the characters of the output for which `str.isdigit()` is true, take the first
+    len(target), right-pad with "A" (never a digit, so missing digits count as wrong) and compare
+    position by position. Returns correct / len(target); the per-"{length}-{loc}" accuracy is the mean
+    of this over the bin's samples (same digit count each). `isdigit` as in the reference: a "²" or a
+    full-width "５" takes a digit position (and never equals an ASCII target digit)."""
+    digits = "".join(c for c in prediction if c.isdigit())[: len(target)]
     digits = digits.ljust(len(target), "A")
     return sum(a == b for a, b in zip(digits, target)) / len(target)
 
