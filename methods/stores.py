@@ -120,3 +120,54 @@ class SinkRingStore:
 
     def buffers(self) -> dict[str, torch.Tensor]:
         return {"k": self.k, "v": self.v, "slot_pos": self.slot_pos}
+
+
+class BoundedStore:
+    """A fixed number of slots per KV head, any token in any slot (eviction methods: H2O, TOVA):
+    k, v [layers, B, Hkv, cap, D] (keys rotated at their absolute positions), and per slot the
+    absolute position it holds, `pos` [layers, B, Hkv, cap] int64 (-1 empty), and an accumulated
+    score, `score` [layers, B, Hkv, cap] fp32. Heads evict independently; filled slots always form
+    a prefix, so the decode kernels read them by length. `allocate` resets pos and score (small);
+    k/v of empty slots are whatever was there: readers mask them by length."""
+
+    def __init__(self):
+        self.k = self.v = self.pos = self.score = None
+
+    def allocate(self, layers: int, batch: int, kv_heads: int, cap: int, head_dim: int, device, dtype) -> None:
+        shape = (layers, batch, kv_heads, cap, head_dim)
+        if not (self.k is not None and self.k.shape == shape and self.k.dtype == dtype
+                and self.k.device == torch.device(device)):
+            self.k = torch.empty(shape, device=device, dtype=dtype)
+            self.v = torch.empty(shape, device=device, dtype=dtype)
+            self.pos = torch.empty(shape[:-1], device=device, dtype=torch.long)
+            self.score = torch.empty(shape[:-1], device=device, dtype=torch.float32)
+        self.pos.fill_(-1)
+        self.score.zero_()
+
+    @property
+    def capacity(self) -> int:
+        return self.k.shape[3]
+
+    def put(self, layer: int, slot: torch.Tensor, k: torch.Tensor, v: torch.Tensor, position: torch.Tensor) -> None:
+        """One token per (sequence, KV head) into slot[b, h] (int64 [B, Hkv], device): k, v
+        [B, Hkv, 1, D], its absolute position [1]; its score starts at 0."""
+        idx = slot.unsqueeze(-1)
+        D = k.shape[-1]
+        self.k[layer].scatter_(2, idx.unsqueeze(-1).expand(-1, -1, 1, D), k)
+        self.v[layer].scatter_(2, idx.unsqueeze(-1).expand(-1, -1, 1, D), v)
+        self.pos[layer].scatter_(2, idx, position.view(1, 1, 1).expand_as(idx))
+        self.score[layer].scatter_(2, idx, 0.0)
+
+    def keep(self, layer: int, index: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: torch.Tensor,
+             score: torch.Tensor) -> None:
+        """Make slots 0..n-1 hold the candidates `index` [B, Hkv, n] of (k, v [B, Hkv, N, D],
+        pos, score [B, Hkv, N]): the compaction after a prefill chunk."""
+        n, D = index.shape[-1], k.shape[-1]
+        rows = index.unsqueeze(-1).expand(-1, -1, -1, D)
+        self.k[layer, :, :, :n] = k.gather(2, rows)
+        self.v[layer, :, :, :n] = v.gather(2, rows)
+        self.pos[layer, :, :, :n] = pos.gather(2, index)
+        self.score[layer, :, :, :n] = score.gather(2, index)
+
+    def buffers(self) -> dict[str, torch.Tensor]:
+        return {"k": self.k, "v": self.v, "pos": self.pos, "score": self.score}

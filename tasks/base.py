@@ -2,7 +2,7 @@
 
 A task yields `Sample`s (token ids ready for the engine, references, the parameters that identify
 the sample in result rows), says how to run each one (`generate` or `nll`), and scores the output
-with the benchmark's own definition (`tasks/metrics.py`). Data comes from the hub by default, a
+with the benchmark's own definition (`tasks/metrics/`). Data comes from the hub by default, a
 local `task.data_dir` when given, or is generated from `task.seed`.
 
 Every task config has `name`, `limit` (first N samples, null = all) and `seed`.

@@ -1,4 +1,4 @@
-"""LongBench and InfiniteBench scorers (tasks/metrics.py) on hand-made cases with known answers."""
+"""LongBench and InfiniteBench scorers (tasks/metrics/) on hand-made cases with known answers."""
 from __future__ import annotations
 
 import math
