@@ -1,42 +1,62 @@
-"""python -m analysis list | status KEY | run KEY | render KEY | make KEY | table N | tables | makefile
+"""python -m analysis list | status KEY | run KEY | export KEY | render KEY | make KEY | table N | tables
+                   | bench KEY|FILE | makefile
 
   list                      every paper item (implemented or not) with its Make target
-  status KEY                the item's cells: done / partial / missing / not implemented
+  status KEY                the item's cells: done / partial / missing / not implemented, and where
+                            their rows are (runs = results/runs, rows = committed results/rows);
+                            for a latency item, the provenance of each benchmark file
   run KEY                   launch the missing runs (Hydra multiruns of run.py; resumable); for a
-                            latency item, print the GPU command that writes its benchmark JSON
-  render KEY                results/tables/KEY.md + .csv, results/figures/KEY.png from stored runs
-                            (latency items: from the benchmark JSON under --bench)
+                            latency item, print the GPU commands of its files that are missing or flawed
+  export KEY                copy the runs the item's cells use from --results into --rows (compact,
+                            committed; never replaced by fewer rows)
+  render KEY                export, then write results/tables/KEY.md + .csv and results/figures/KEY.png
+                            from the committed rows only (latency items: from the benchmark JSON);
+                            refuses to replace a table with one holding fewer results (--replace)
   make KEY                  run, then render (what `make <paper>-<item>` calls)
   table N [--paper P]       make the catalogue's table N of paper P (default lychee)
-  tables                    render every implemented item that has results
+  tables                    render every implemented item that has rows or benchmark JSON, and say
+                            which were skipped and why
+  bench KEY|FILE            run the one command that writes each benchmark file of a latency item
+                            (those missing or flawed; all with --force) into --bench: on a GPU machine
   makefile                  print analysis/targets.mk
 
 Options: --profile paper|embedded (default embedded), --launcher local|submitit_local|slurm,
---results DIR (default results/runs), --bench DIR (default results/bench: the GPU benchmark JSON of
-the latency items), --out DIR (default results), --dry-run (print the commands).
+--results DIR (default results/runs), --rows DIR (default results/rows), --bench DIR (default
+results/bench), --out DIR (default results), --dry-run (print the commands; write nothing),
+--replace (let a render replace a table that holds more results), --force (bench: every file).
 Hydra overrides after `--` are added to every run of the sweep and to the matching, e.g.
 `python -m analysis make tidal.table1 --profile paper -- task.haystack_dir=/data/pg19_mini.jsonl`.
-Exit code 2 with one line for an unknown or not yet implemented item, or a missing benchmark JSON.
+Exit code 2 with one line for an unknown or not yet implemented item, nothing to render from, or a
+render that would lose results.
 """
 from __future__ import annotations
 
 import argparse
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
+import analysis.papers  # noqa: F401  (every paper module registers its items)
 from analysis import catalogue
 from analysis.catalogue import MissingResults, NotImplementedItem
+from analysis.output import FewerResults, render_into
 
 
-def _cells(item, profile: str, extra: list[str], results: str):
+def _cells(item, args, results: str | None = "", rows: str | None = ""):
     from analysis.runs import Store, expand
 
     impl = item.require()
-    if profile not in impl.sweeps:
-        raise NotImplementedItem(f"{item.key} has no {profile!r} profile; profiles: {', '.join(impl.sweeps)}")
-    store = Store(results)
-    return [store.fill(c) for c in expand(impl.sweeps[profile], extra, impl.label)]
+    if args.profile not in impl.sweeps:
+        raise NotImplementedItem(f"{item.key} has no {args.profile!r} profile; profiles: {', '.join(impl.sweeps)}")
+    store = Store(args.results if results == "" else results, args.rows if rows == "" else rows)
+    return [store.fill(c) for c in expand(impl.sweeps[args.profile], args.overrides, impl.label)]
+
+
+def _sources(item, args):
+    from analysis import provenance
+
+    return [provenance.load(f, args.bench) for f in item.impl.bench.files]
 
 
 def cmd_list(args) -> int:
@@ -48,30 +68,23 @@ def cmd_list(args) -> int:
     return 0
 
 
-def _bench_status(item, args) -> int:
-    bench = item.impl.bench
-    for name in bench.files:
-        path = Path(args.bench) / name
-        print(f"{'done' if path.exists() else 'missing':16s} {path}")
-    print(f"GPU benchmark (profile-independent); writes them: {bench.command}")
-    return 0
-
-
 def cmd_status(args) -> int:
     item = catalogue.get(args.key)
     if item.require().bench:
-        return _bench_status(item, args)
-    cells = _cells(item, args.profile, args.overrides, args.results)
+        for s in _sources(item, args):
+            print(f"{s.short():16s} {Path(args.bench) / s.name}  (commit {s.commit or '?'})")
+            for p in s.problems:
+                print(f"{'':16s}   {p}")
+        return 0
+    cells = _cells(item, args)
     for c in cells:
-        where = f" {c.run.path} ({c.run.n_rows}/{c.expected or '?'} rows)" if c.run else ""
+        where = f" {c.run.source}:{c.run.run_id} ({c.run.n_rows}/{c.expected or '?'} rows)" if c.run else ""
         print(f"{c.status:16s} {c.block or '-'} | {c.row} | {c.col} :: {' '.join(c.overrides)}{where}")
     _summary(cells)
     return 0
 
 
 def _summary(cells) -> None:
-    from collections import Counter
-
     counts = Counter(c.status for c in cells)
     print(", ".join(f"{v} {k}" for k, v in sorted(counts.items())))
 
@@ -81,15 +94,15 @@ def cmd_run(args) -> int:
 
     item = catalogue.get(args.key)
     if item.require().bench:
-        bench = item.impl.bench
-        have = [n for n in bench.files if (Path(args.bench) / n).exists()]
-        print(f"{item.key}: GPU benchmark, not a Hydra sweep ({len(have)}/{len(bench.files)} JSON under "
-              f"{args.bench}); on the GPU machine (repo root) run:\n  {bench.command}\nthen put "
-              f"{', '.join(bench.files)} under {args.bench}/ and `python -m analysis render {item.key}`.")
+        todo = [s for s in _sources(item, args) if s.problems]
+        print(f"{item.key}: GPU benchmark, not a Hydra sweep; {len(todo)} of {len(item.impl.bench.files)} "
+              f"file(s) missing or flawed under {args.bench}/. On the GPU machine (repo root) run "
+              f"`python -m analysis bench {item.key}`, or each:")
+        for s in todo:
+            print(f"  {s.rerun(args.bench)}   # {s.short()}")
         return 0
-    cells = _cells(item, args.profile, args.overrides, args.results)
-    ni = sorted({c.values["method"] for c in cells if c.status == "not implemented"})
-    for m in ni:
+    cells = _cells(item, args)
+    for m in sorted({c.values["method"] for c in cells if c.status == "not implemented"}):
         print(f"{item.key}: method {m!r} is not implemented (no methods/{m}.py); its rows stay empty")
     todo = [c for c in cells if c.status in ("missing", "partial")]
     print(f"{item.key} [{args.profile}]: {len(cells)} cells, {len(todo)} to run, "
@@ -105,26 +118,45 @@ def cmd_run(args) -> int:
     return 1 if failed else 0
 
 
-def cmd_render(args, quiet_if_empty: bool = False) -> int:
+def cmd_export(args, quiet: bool = False) -> int:
+    from analysis import compact
+
+    item = catalogue.get(args.key)
+    counts = compact.export(_cells(item, args), Path(args.rows))
+    if counts["written"] or counts["kept (fewer rows here)"] or not quiet:
+        print(f"{item.key} [{args.profile}]: rows in {args.rows}/: " + ", ".join(f"{v} {k}" for k, v in counts.items()))
+    return 0
+
+
+def cmd_render(args) -> int:
     from analysis.render import frame
 
     item = catalogue.get(args.key)
     impl = item.require()
+    if args.dry_run:
+        print(f"{item.key}: dry run, nothing exported or rendered")
+        return 0
     if impl.bench:
-        if quiet_if_empty and not all((Path(args.bench) / n).exists() for n in impl.bench.files):
-            return 0
-        paths = impl.bench.render(item, impl, catalogue.read_bench(item, args.bench), Path(args.out))
-        for p in paths:
-            print(f"wrote {p}")
-        return 0
-    cells = _cells(item, args.profile, args.overrides, args.results)
-    if quiet_if_empty and not any(c.run for c in cells):
-        return 0
-    df = frame(cells, impl, args.profile)
-    paths = impl.render(item, impl, df, args.profile, Path(args.out))
-    _summary(cells)
-    for p in paths:
-        print(f"wrote {p}")
+        sources = _sources(item, args)
+        if all(s.data is None for s in sources):
+            raise MissingResults(f"{item.key}: none of its benchmark files is under {args.bench}/; write them "
+                                 f"on the GPU machine: `python -m analysis bench {item.key}`")
+        done = render_into(Path(args.out), item.key, lambda out: impl.bench.render(item, impl, sources, out),
+                           args.replace)
+    else:
+        cmd_export(args, quiet=True)
+        cells = _cells(item, args, results=None)          # the table comes from the committed rows only
+        if not any(c.run for c in cells):
+            raise MissingResults(
+                f"{item.key} [{args.profile}]: no rows for any cell (none under {args.rows}/ nor {args.results}/); "
+                f"nothing written. Produce them: `make {item.target()} PROFILE={args.profile}` (embedded on a "
+                f"GPU: `bash analysis/device_sweep.sh {item.key}`)")
+        df = frame(cells, impl, args.profile)
+        done = render_into(Path(args.out), item.key, lambda out: impl.render(item, impl, df, args.profile, out),
+                           args.replace)
+        _summary(cells)
+    for p, state in done:
+        print(f"{state} {p}")
     return 0
 
 
@@ -144,10 +176,27 @@ def cmd_table(args) -> int:
 
 
 def cmd_tables(args) -> int:
+    skipped, refused = [], []
     for key in catalogue.implemented_keys():
         args.key = key
-        cmd_render(args, quiet_if_empty=True)
+        try:
+            cmd_render(args)
+        except MissingResults as e:
+            skipped.append(f"  {e.args[0]}")
+        except FewerResults as e:
+            refused.append(f"  {e.args[0]}")
+    if skipped:
+        print(f"skipped {len(skipped)} item(s) with nothing to render from:\n" + "\n".join(skipped))
+    if refused:
+        print(f"error: refused {len(refused)} item(s):\n" + "\n".join(refused), file=sys.stderr)
+        return 2
     return 0
+
+
+def cmd_bench(args) -> int:
+    from analysis.bench_run import run_files
+
+    return run_files(args.key, args.bench, force=args.force, dry_run=args.dry_run)
 
 
 def cmd_makefile(args) -> int:
@@ -157,6 +206,10 @@ def cmd_makefile(args) -> int:
     return 0
 
 
+HANDLERS = {"list": cmd_list, "status": cmd_status, "run": cmd_run, "export": cmd_export, "render": cmd_render,
+            "make": cmd_make, "table": cmd_table, "tables": cmd_tables, "bench": cmd_bench, "makefile": cmd_makefile}
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     overrides: list[str] = []
@@ -164,26 +217,27 @@ def main(argv: list[str] | None = None) -> int:
         i = argv.index("--")
         argv, overrides = argv[:i], argv[i + 1:]
     p = argparse.ArgumentParser(prog="python -m analysis", description=__doc__.split("\n\n")[0])
-    p.add_argument("command", choices=["list", "status", "run", "render", "make", "table", "tables", "makefile"])
-    p.add_argument("key", nargs="?", help="item key (tidal.table1) or, for `table`, the table number")
+    p.add_argument("command", choices=list(HANDLERS))
+    p.add_argument("key", nargs="?", help="item key (tidal.table1), a benchmark file, or for `table` its number")
     p.add_argument("--profile", default="embedded", choices=catalogue.PROFILES)
     p.add_argument("--paper", default="lychee", choices=list(catalogue.PAPERS))
     p.add_argument("--launcher", default="local", choices=["local", "submitit_local", "slurm"])
     p.add_argument("--results", default="results/runs")
+    p.add_argument("--rows", default="results/rows")
     p.add_argument("--bench", default="results/bench")
     p.add_argument("--out", default="results")
     p.add_argument("--dry-run", action="store_true")
+    p.add_argument("--replace", action="store_true")
+    p.add_argument("--force", action="store_true")
     args = p.parse_args(argv)
     args.overrides = overrides
-    if args.command in ("status", "run", "render", "make", "table") and not args.key:
+    if args.command not in ("list", "tables", "makefile") and not args.key:
         p.error(f"{args.command} needs a key")
     if args.command == "table":
         args.number = args.key
-    handler = {"list": cmd_list, "status": cmd_status, "run": cmd_run, "render": cmd_render,
-               "make": cmd_make, "table": cmd_table, "tables": cmd_tables, "makefile": cmd_makefile}
     try:
-        return handler[args.command](args)
-    except (NotImplementedItem, MissingResults, KeyError, ValueError) as e:
+        return HANDLERS[args.command](args)
+    except (NotImplementedItem, MissingResults, FewerResults, KeyError, ValueError) as e:
         msg = e.args[0] if e.args else str(e)
         print(f"error: {msg}", file=sys.stderr)
         return 2

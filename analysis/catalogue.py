@@ -1,17 +1,22 @@
 """The catalogue: every paper item (items.yaml, the full map of shared/PAPERS.md) and, for the items
-implemented so far, their sweep per profile and their renderer (analysis/<paper>.py).
+implemented so far, what produces and renders them.
 
-An implemented item names:
+Per-paper modules (analysis/papers/<paper>*.py) register their implementations here with
+`register(key, impl)`; this module imports none of them, so a new paper is one new file under
+analysis/papers/ and no edit here. `import analysis.papers` loads them all (the CLI does).
+
+An implemented item names either
   sweeps[profile]   Hydra override lists (comma sweeps allowed) whose runs produce its rows; every
-                    list names task=, model= and method= explicitly, so a run matches a cell by value.
-  label(values)     the (block, row, column) of one run in the rendered table, from its overrides.
-  render(...)       writes results/tables/<key>.md + .csv and results/figures/<key>.png.
-  paper             the paper's reported numbers (analysis/paper_numbers/<paper>.yaml).
-A latency item instead names `bench`: the GPU benchmark JSON files (results/bench/) it renders from
-and the command that writes them; `run` prints that command, `render` reads the JSON.
+                    list names task=, model= and method= explicitly, so a run matches a cell by value;
+  label(values)     the (block, row, column) of one run in the rendered table, from its overrides;
+  render(...)       writes results/tables/<key>.md + .csv and results/figures/<key>.png;
+  paper             the paper's reported numbers (analysis/paper_numbers/<paper>.yaml);
+or `bench`: the GPU benchmark JSON files (results/bench/) it renders from, each with the one command
+that writes it and the code it measures (a file older than that code is flagged stale).
 """
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -31,15 +36,24 @@ class NotImplementedItem(Exception):
 
 
 class MissingResults(Exception):
-    """A benchmark JSON an item renders from is not there (one clear line, exit code 2)."""
+    """Nothing to render from: no rows, or no benchmark JSON (one clear line, exit code 2)."""
+
+
+@dataclass(frozen=True)
+class BenchFile:
+    """One benchmark JSON and the one command that writes it (run from the repository root, with
+    `--out <dir>/<name>` appended)."""
+    name: str
+    command: str
+    measures: tuple[str, ...]        # repo paths (files or folders) whose code the numbers measure
+    gpu: bool = True                 # needs a CUDA device (False: a CPU benchmark)
 
 
 @dataclass
 class Bench:
     """A GPU-benchmark item: renders from JSON files, not from run rows."""
-    files: list[str]                 # file names under the bench directory (results/bench)
-    command: str                     # what writes them, run on the GPU machine from the repo root
-    render: Callable[..., list[Path]]   # render(item, impl, data: {file: json}, out_root) -> paths
+    files: list[BenchFile]
+    render: Callable[..., list[Path]]   # render(item, impl, sources: [provenance.Source], out) -> paths
 
 
 @dataclass
@@ -85,26 +99,32 @@ class Item:
         return self.key.replace(".", "-")
 
 
-_ITEMS: dict[str, Item] | None = None
+@functools.lru_cache(maxsize=1)
+def _map() -> dict[str, Item]:
+    raw = yaml.safe_load((HERE / "items.yaml").read_text())
+    out: dict[str, Item] = {}
+    for entries in raw.values():
+        for e in entries:
+            for k in e["keys"]:
+                out[k] = Item(k, [s for s in e["keys"] if s != k], e["content"], e["methods"], e["task"],
+                              e.get("setup", ""))
+    return out
+
+
+def register(key: str, impl: Impl) -> Impl:
+    """Attach an implementation to a catalogue item (called by analysis/papers/* at import)."""
+    items = _map()
+    if key not in items:
+        raise KeyError(f"register({key!r}): not an item of analysis/items.yaml")
+    if items[key].impl is not None and items[key].impl is not impl:
+        raise ValueError(f"{key} is implemented twice")
+    items[key].impl = impl
+    return impl
 
 
 def items() -> dict[str, Item]:
-    """key -> Item, in catalogue order, implementations attached."""
-    global _ITEMS
-    if _ITEMS is None:
-        raw = yaml.safe_load((HERE / "items.yaml").read_text())
-        out: dict[str, Item] = {}
-        for entries in raw.values():
-            for e in entries:
-                for k in e["keys"]:
-                    out[k] = Item(k, [s for s in e["keys"] if s != k], e["content"], e["methods"], e["task"],
-                                  e.get("setup", ""))
-        from analysis import tidal, tidal_latency
-
-        for k, impl in {**tidal.IMPLEMENTATIONS, **tidal_latency.IMPLEMENTATIONS}.items():
-            out[k].impl = impl
-        _ITEMS = out
-    return _ITEMS
+    """key -> Item, in catalogue order, with the implementations registered so far."""
+    return _map()
 
 
 def implemented_keys() -> list[str]:
@@ -133,17 +153,7 @@ def table_key(number: int, paper: str) -> str:
     raise KeyError(f"{PAPERS[paper]} has no table {number} in the catalogue")
 
 
-def read_bench(item: Item, bench_dir: str | Path) -> dict[str, Any]:
-    """file name -> parsed JSON of a latency item's benchmark files; MissingResults names the first
-    one absent and the command that writes it."""
-    import json
-
-    bench = item.require().bench
-    data = {}
-    for name in bench.files:
-        path = Path(bench_dir) / name
-        if not path.exists():
-            raise MissingResults(f"{item.key} renders from {path}, which does not exist; write it on the GPU "
-                                 f"machine (repo root): {bench.command}")
-        data[name] = json.loads(path.read_text())
-    return data
+@functools.cache
+def paper_numbers(paper: str) -> dict[str, Any]:
+    """The numbers a paper reports (analysis/paper_numbers/<paper>.yaml), as data."""
+    return yaml.safe_load((HERE / "paper_numbers" / f"{paper}.yaml").read_text())

@@ -1,32 +1,37 @@
 """Renderers: one long frame of cells (ours) outer-joined with the paper's numbers, written as
 results/tables/<key>.md and .csv and results/figures/<key>.png.
 
-Markdown cells read `ours (paper)`; `—` is a cell with no result yet; a row whose method does not
-exist yet is marked "not implemented" and keeps the paper's numbers. The CSV is the long frame.
+Markdown cells read `ours [95% interval] (paper)`; `—` is a cell with no result yet; a row whose
+method does not exist yet is marked "not implemented" and keeps the paper's numbers. The CSV is the
+long frame (mean, interval, n, status, run id, commit and device of every cell).
 """
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
-from analysis.runs import Cell, accuracy
+from analysis.runs import Cell, metric_stats
 
 DASH = "—"
+CSV_COLUMNS = ["block", "row", "col", "ours", "ci_lo", "ci_hi", "ci", "n", "expected", "status", "run", "commit",
+               "device", "overrides", "order"]
 
 
 def frame(cells: list[Cell], impl, profile: str) -> pd.DataFrame:
-    """Long frame, one line per (block, row, col): ours (sweep order) then what only the paper has."""
+    """Long frame, one line per (block, row, col): ours (sweep order) then what only the paper has.
+    Each of our cells carries its mean, 95% interval, n, status and the run id and commit behind it."""
     rows = []
     for i, c in enumerate(cells):
-        ours = accuracy(c.run, impl.metric, impl.scale) if c.run is not None else None
-        rows.append({"block": c.block, "row": c.row, "col": c.col, "ours": ours,
-                     "n": c.run.n_rows if c.run is not None else 0, "expected": c.expected,
-                     "status": c.status, "run": str(c.run.path) if c.run is not None else "",
+        st = metric_stats(c.run, impl.metric, impl.scale) if c.run is not None else None
+        rows.append({"block": c.block, "row": c.row, "col": c.col, **(st or {"n": 0}),
+                     "expected": c.expected, "status": c.status, "run": c.run.run_id if c.run else "",
+                     "commit": (c.run.info.get("commit") or "") if c.run else "",
+                     "device": " ".join(str(c.run.info.get(k)) for k in ("device", "dtype")) if c.run else "",
                      "overrides": " ".join(c.overrides), "order": i})
-    ours = pd.DataFrame(rows, columns=["block", "row", "col", "ours", "n", "expected", "status", "run",
-                                       "overrides", "order"])
+    ours = pd.DataFrame(rows, columns=CSV_COLUMNS)
     # several cells may share a place (e.g. a budget-free reference row): keep the fullest one
     ours = (ours.sort_values("n", ascending=False, kind="stable")
             .drop_duplicates(["block", "row", "col"]).sort_values("order"))
@@ -47,8 +52,19 @@ def _fmt(v: Any) -> str:
     return DASH if v is None or (isinstance(v, float) and pd.isna(v)) else f"{v:.0f}"
 
 
+def _ours(x: pd.Series, row_n: int) -> str:
+    """`ours* [lo–hi] n=k`: * = partial, the interval when finite, n when it is not the row's."""
+    text = _fmt(x["ours"]) + ("*" if x["status"] == "partial" else "")
+    if not pd.isna(x["ours"]) and all(math.isfinite(float(x[k])) for k in ("ci_lo", "ci_hi")):
+        text += f" [{x['ci_lo']:.0f}–{x['ci_hi']:.0f}]"
+    if x["n"] and x["n"] != row_n:
+        text += f" n={int(x['n'])}"
+    return text
+
+
 def markdown_tables(df: pd.DataFrame, col_name=lambda c: f"K={c}", row_title="Method / Budget") -> str:
-    """One table per block: rows x columns, each cell `ours (paper)`, plus `n` (samples per cell)."""
+    """One table per block: rows x columns, each cell `ours [95% interval] (paper)`, and n (the
+    samples per cell of the row; a cell with another n states its own)."""
     out = []
     blocks = list(df["block"].unique())
     for block in blocks:
@@ -67,18 +83,19 @@ def markdown_tables(df: pd.DataFrame, col_name=lambda c: f"K={c}", row_title="Me
             sub = b[b["row"] == r].set_index("col")
             status = set(sub["status"])
             label = f"{r} — not implemented" if status == {"not implemented"} else r
+            ns = [int(x) for x in sub["n"] if x]
+            row_n = max(set(ns), key=lambda k: (ns.count(k), k)) if ns else 0
             cells = []
             for c in cols:
                 if c not in sub.index:
                     cells.append("")
                     continue
-                ours, paper = sub.at[c, "ours"], sub.at[c, "paper"]
-                text = _fmt(ours) + ("*" if sub.at[c, "status"] == "partial" else "")
-                if not pd.isna(paper):
-                    text += f" ({paper:.0f})"
+                x = sub.loc[c]
+                text = _ours(x, row_n)
+                if not pd.isna(x["paper"]):
+                    text += f" ({x['paper']:.0f})"
                 cells.append(text)
-            ns = sorted({int(x) for x in sub["n"] if x})
-            out.append("| " + " | ".join([label] + cells + [",".join(map(str, ns)) or "0"]) + " |")
+            out.append("| " + " | ".join([label] + cells + [str(row_n)]) + " |")
     return "\n".join(out) + "\n"
 
 
@@ -93,12 +110,22 @@ def header(item, impl, profile: str, df: pd.DataFrame) -> str:
     done = int((df["status"] == "done").sum())
     todo = int(df["status"].isin(["missing", "partial"]).sum())
     ni = int((df["status"] == "not implemented").sum())
+    how = sorted(set(df["ci"].dropna()))
+    ci = {"wilson": "95% Wilson score interval", "normal": "95% normal interval (mean +- 1.96 sd/sqrt(n))"}
     lines = [f"# {item.key}: {impl.title}", "",
              f"Profile `{profile}`. Ours: {impl.setup.get(profile, '')}",
              f"Paper: {impl.paper_setup}",
-             "", (f"Cells read `ours (paper)`, accuracy in %; {DASH} = no result yet; * = partial (fewer "
-                  f"samples than the cell needs, still running or interrupted); n = samples per cell. "
-                  f"{done} cells done, {todo} missing or partial, {ni} not implemented.")]
+             "", (f"Cells read `ours [lo–hi] (paper)`, {impl.metric} in %: ours = mean over the cell's n samples, "
+                  f"[lo–hi] = its {' or '.join(ci[h] for h in how) or '95% interval'}; {DASH} = no result yet; "
+                  f"* = partial (fewer samples than the cell needs, still running or interrupted); n = samples "
+                  f"per cell (a cell with another n than its row says so). {done} cells done, {todo} missing or "
+                  f"partial, {ni} not implemented.")]
+    runs = df[df["run"].fillna("") != ""]
+    if len(runs):
+        commits = ", ".join(sorted(set(runs["commit"].fillna("?").replace("", "?"))))
+        devices = ", ".join(sorted(set(runs["device"].fillna("?"))))
+        lines.append(f"Rendered from the committed compact rows of {runs['run'].nunique()} runs (results/rows/; "
+                     f"run ids in the CSV) at commit(s) {commits}; device and dtype: {devices}.")
     if todo:
         lines.append(f"Fill the missing cells: `make {item.target()} PROFILE={profile}`.")
     return "\n".join(lines) + "\n"
@@ -111,11 +138,19 @@ def write(out_root: Path, key: str, md: str, df: pd.DataFrame, fig) -> list[Path
     paths = [tables / f"{key}.md", tables / f"{key}.csv", figures / f"{key}.png"]
     paths[0].write_text(md)
     df.to_csv(paths[1], index=False)
-    fig.savefig(paths[2], dpi=120, bbox_inches="tight")
+    # no "Software: matplotlib x.y" stamp: the bytes then depend on the figure, not the version
+    fig.savefig(paths[2], dpi=120, bbox_inches="tight", metadata={"Software": None})
     import matplotlib.pyplot as plt
 
     plt.close(fig)
     return paths
+
+
+def _yerr(s: pd.DataFrame) -> list:
+    """Error bars from each cell's interval (none where the interval is unknown or unbounded)."""
+    lo = (s["ours"] - s["ci_lo"]).replace([math.inf, -math.inf], math.nan).fillna(0).clip(lower=0)
+    hi = (s["ci_hi"] - s["ours"]).replace([math.inf, -math.inf], math.nan).fillna(0).clip(lower=0)
+    return [lo.to_numpy(float), hi.to_numpy(float)]
 
 
 def _plt():
@@ -140,8 +175,8 @@ def budget_table(item, impl, df: pd.DataFrame, profile: str, out_root: Path, not
         for i, r in enumerate(b["row"].unique()):
             s = b[b["row"] == r].assign(k=lambda x: pd.to_numeric(x["col"], errors="coerce")).sort_values("k")
             color = f"C{i % 10}"
-            if s["ours"].notna().any():
-                ax.plot(s["k"], s["ours"], "o-", color=color, label=f"{r} (ours)")
+            if s["ours"].notna().any():     # with its 95% interval as error bars
+                ax.errorbar(s["k"], s["ours"], yerr=_yerr(s), fmt="o-", color=color, capsize=2, label=f"{r} (ours)")
             if s["paper"].notna().any():
                 ax.plot(s["k"], s["paper"], "x--", color=color, alpha=0.6, label=f"{r} (paper)")
         ax.set_xscale("log", base=2)
@@ -151,7 +186,7 @@ def budget_table(item, impl, df: pd.DataFrame, profile: str, out_root: Path, not
         ax.set_ylabel("accuracy (%)")
         ax.grid(alpha=0.3)
     axes[0][-1].legend(fontsize=6, loc="center left", bbox_to_anchor=(1.0, 0.5))
-    fig.suptitle(f"{item.key} ({profile}): solid = ours, dashed = paper", fontsize=9)
+    fig.suptitle(f"{item.key} ({profile}): solid = ours (bars: 95% interval), dashed = paper", fontsize=9)
     return write(out_root, item.key, md, df, fig)
 
 
@@ -196,7 +231,7 @@ def layer_lines(item, impl, df: pd.DataFrame, profile: str, out_root: Path, budg
         b["layer"] = b["row"].str[4:].astype(int)
         b = b.sort_values("layer")
         if b["ours"].notna().any():
-            ax.plot(b["layer"], b["ours"], "o-", label="ours")
+            ax.errorbar(b["layer"], b["ours"], yerr=_yerr(b), fmt="o-", capsize=2, label="ours (95% interval)")
         if b["paper"].notna().any():
             ax.plot(b["layer"], b["paper"], "x--", alpha=0.7, label="paper")
         ax.set_ylim(-3, 103)

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from analysis import compact
 from runners.results import NOT_HASHED
 
 GROUPS = ("method", "task", "model", "runner")
@@ -36,16 +37,21 @@ class Cell:
 
 @dataclass
 class Run:
+    """One result run: a run directory under results/runs, or its compact copy under results/rows."""
     path: Path
     config: dict
     n_rows: int
     has_summary: bool
     mtime: float
+    run_id: str = ""
+    source: str = "runs"             # runs | rows
+    info: dict = field(default_factory=dict)   # commit, device, dtype (compact copies carry them)
     _rows: list | None = field(default=None, repr=False)
+    _load: Any = field(default=None, repr=False)
 
     def rows(self) -> list[dict]:
         if self._rows is None:
-            self._rows = read_rows(self.path / "samples.jsonl")
+            self._rows = self._load() if self._load else read_rows(self.path / "samples.jsonl")
         return self._rows
 
 
@@ -100,21 +106,28 @@ def read_rows(path: Path) -> list[dict]:
 
 
 class Store:
-    """Lazy index of results_dir by (task, model, method)."""
+    """Lazy index of result runs by (task, model, method), over a results directory (results/runs)
+    and, when given, the committed compact rows (results/rows, analysis/compact.py)."""
 
-    def __init__(self, results_dir: str | Path):
-        self.root = Path(results_dir)
+    def __init__(self, results_dir: str | Path | None, rows_dir: str | Path | None = None):
+        self.root = Path(results_dir) if results_dir is not None else None
+        self.rows_root = Path(rows_dir) if rows_dir is not None else None
         self._index: dict[tuple[str, str, str], list[Run]] = {}
 
     def runs(self, task: str, model: str, method: str) -> list[Run]:
         key = (task, model, method)
         if key not in self._index:
-            self._index[key] = [r for d in sorted((self.root / task / model / method).glob("*"))
-                                if (r := _load_run(d)) is not None]
+            found = []
+            if self.root is not None:
+                found += [r for d in sorted((self.root / task / model / method).glob("*"))
+                          if (r := _load_run(d)) is not None]
+            if self.rows_root is not None:
+                found += [_load_compact(f) for f in sorted((self.rows_root / task / model / method).glob("*.jsonl"))]
+            self._index[key] = found
         return self._index[key]
 
     def fill(self, cell: Cell) -> Cell:
-        """Attach the best matching run (most rows, then newest) and set the cell's status."""
+        """Attach the best matching run and set the cell's status."""
         v = cell.values
         if not method_exists(v["method"]):
             cell.status, cell.run = "not implemented", None
@@ -123,12 +136,18 @@ class Store:
         if not found:
             cell.status, cell.run = "missing", None
             return cell
-        run = max(found, key=lambda r: (r.n_rows, r.mtime))
+        run = max(found, key=rank)
         cell.run = run
         cell.expected = expected_samples(run.config, v)
         complete = run.has_summary and (cell.expected is None or run.n_rows >= cell.expected)
         cell.status = "done" if complete else "partial"
         return cell
+
+
+def rank(run: Run) -> tuple:
+    """Best run first: most rows, then finished, then newest, then the committed copy (so that a
+    run and its compact copy, equal in all else, resolve the same way everywhere)."""
+    return (run.n_rows, run.has_summary, run.mtime, run.source == "rows", run.run_id)
 
 
 def method_exists(name: str) -> bool:
@@ -162,7 +181,15 @@ def _load_run(d: Path) -> Run | None:
     samples = d / "samples.jsonl"
     n = sum(1 for line in samples.read_text().splitlines() if line.strip()) if samples.exists() else 0
     mtime = max((p.stat().st_mtime for p in (summary, samples, cfg_path) if p.exists()), default=0.0)
-    return Run(d, config, n, summary.exists(), mtime)
+    return Run(d, config, n, summary.exists(), mtime, run_id=d.name, source="runs")
+
+
+def _load_compact(path: Path) -> Run:
+    """A committed compact run (analysis/rows.py); its rows are expanded only when read."""
+    head = compact.read_head(path)
+    return Run(path, head["config"], head["n_rows"], head["complete"], head["time"], run_id=head["run_id"],
+               source="rows", info={k: head.get(k) for k in ("commit", "device", "dtype")},
+               _load=lambda: compact.read_rows(path))
 
 
 def lookup(config: dict, key: str) -> Any:
@@ -211,15 +238,15 @@ def expected_samples(config: dict, values: dict[str, Any]) -> int | None:
     return int(limit) if grid is None else min(int(limit), grid)
 
 
-def accuracy(run: Run, metric: str, scale: float) -> float | None:
-    """Mean of the per-sample metric over the run's rows, scaled (x100 for percentages)."""
-    import pandas as pd
+def metric_stats(run: Run, metric: str, scale: float) -> dict[str, Any] | None:
+    """Mean of the per-sample metric over the run's rows and its 95% interval, scaled (x100 for
+    percentages): {"ours", "ci_lo", "ci_hi", "ci", "n"}; None when no row has the metric."""
+    from analysis.stats import interval
 
-    rows = run.rows()
-    if not rows:
+    vals = [r["metrics"][metric] for r in run.rows()
+            if isinstance(r.get("metrics"), dict) and isinstance(r["metrics"].get(metric), (int, float))]
+    if not vals:
         return None
-    df = pd.json_normalize(rows)
-    col = f"metrics.{metric}"
-    if col not in df.columns:
-        return None
-    return float(df[col].mean()) * scale
+    lo, hi, how = interval(vals)
+    return {"ours": sum(vals) / len(vals) * scale, "ci_lo": lo * scale, "ci_hi": hi * scale, "ci": how,
+            "n": len(vals)}

@@ -2,7 +2,8 @@
 # make <paper>-<item> [PROFILE=embedded|paper] [LAUNCHER=local|submitit_local|slurm] [OVERRIDES="k=v ..."]
 #   runs the item's missing runs, then renders results/tables/<key>.md/.csv + results/figures/<key>.png
 # make table<N> [PAPER=lychee]  table N of PAPER (LycheeDecode by default)
-# make tables                    render every item that has results
+# make tables                    render every item that has committed rows or benchmark JSON
+# make results/bench/<file>.json  write one benchmark file with its one command (GPU; make -B to redo)
 PROFILE   ?= embedded
 LAUNCHER  ?= local
 PAPER     ?= lychee
@@ -49,19 +50,19 @@ tidal-table3: install
 tidal-table4: install
 	$(ANALYSIS) make tidal.table4 $(ANALYSIS_OPTS)
 
-# tidal.fig6: end-to-end decode latency 10K/32K/100K  (GPU benchmark: renders results/bench/*.json; prints the GPU command that writes it)
+# tidal.fig6: end-to-end decode latency 10K/32K/100K  (GPU benchmark: renders results/bench/*.json; prints the GPU commands that write them)
 tidal-fig6: install
 	$(ANALYSIS) make tidal.fig6 $(ANALYSIS_OPTS)
 
-# tidal.fig7: attention latency, 32 and 64 layers  (GPU benchmark: renders results/bench/*.json; prints the GPU command that writes it)
+# tidal.fig7: attention latency, 32 and 64 layers  (GPU benchmark: renders results/bench/*.json; prints the GPU commands that write them)
 tidal-fig7: install
 	$(ANALYSIS) make tidal.fig7 $(ANALYSIS_OPTS)
 
-# tidal.fig8: kernel breakdown: full, selection, sparse, Quest  (GPU benchmark: renders results/bench/*.json; prints the GPU command that writes it)
+# tidal.fig8: kernel breakdown: full, selection, sparse, Quest  (GPU benchmark: renders results/bench/*.json; prints the GPU commands that write them)
 tidal-fig8: install
 	$(ANALYSIS) make tidal.fig8 $(ANALYSIS_OPTS)
 
-# tidal.table5-6: e2e latency, K=32..4096 x 10K/32K/100K  (GPU benchmark: renders results/bench/*.json; prints the GPU command that writes it)
+# tidal.table5-6: e2e latency, K=32..4096 x 10K/32K/100K  (GPU benchmark: renders results/bench/*.json; prints the GPU commands that write them)
 tidal-table5-6: install
 	$(ANALYSIS) make tidal.table5-6 $(ANALYSIS_OPTS)
 
@@ -264,3 +265,27 @@ cascade-table8: install
 # cascade.table10: InfiniteBench en.MC / en.QA / en.Sum  (not implemented yet: prints why and exits 2)
 cascade-table10: install
 	$(ANALYSIS) make cascade.table10 $(ANALYSIS_OPTS)
+
+# python -m bench.tpot --model llama2_7b --weights random --contexts 10240 32768 --out $@
+results/bench/tpot_llama2_7b_h100.json: | install
+	$(ANALYSIS) bench tpot_llama2_7b_h100.json --force
+
+# python -m bench.tpot --model llama2_7b --weights random --contexts 102400 --out $@
+results/bench/tpot_llama2_7b_100k_h100.json: | install
+	$(ANALYSIS) bench tpot_llama2_7b_100k_h100.json --force
+
+# python -m bench.tpot --model llama3 --weights random --contexts 10240 32768 102400 --out $@
+results/bench/tpot_llama3_h100.json: | install
+	$(ANALYSIS) bench tpot_llama3_h100.json --force
+
+# python -m bench.kernel_ops --sweep --out $@
+results/bench/kernels_llama3_h100.json: | install
+	$(ANALYSIS) bench kernels_llama3_h100.json --force
+
+# python -m bench.engine --model llama3 --weights random --lengths 8192 32768 131072 --steps 32 --repeat 2 --out $@
+results/bench/engine_llama3_h100.json: | install
+	$(ANALYSIS) bench engine_llama3_h100.json --force
+
+# python -m bench.engine --lengths 4096 --steps 16 --repeat 1 --out $@
+results/bench/engine_smollm2_cpu.json: | install
+	$(ANALYSIS) bench engine_smollm2_cpu.json --force

@@ -4,14 +4,18 @@ same model, same inputs, measured side by side in one run.
     python -m bench.engine                                  # SmolLM2 at 4K on this machine
     python -m bench.engine --model llama3 --weights random --lengths 8192 32768 131072   # GPU
 
-Writes JSON (device, commit, command, every figure, and the bandwidth floor: weights + KV bytes
-read per decode step over --bandwidth, default the 3.0 TB/s measured on the H100 copy test).
+Prints every figure; with --out FILE also writes them as JSON (device, commit, the command, and the
+bandwidth floor: weights + KV bytes read per decode step over --bandwidth, by default the copy rate
+measured on this device at start). Committed numbers go to results/bench/ through the command the
+analysis catalogue declares for them (`python -m analysis bench FILE`), never by default.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -22,7 +26,7 @@ from omegaconf import OmegaConf
 from methods import ModelInfo, build
 from runners import models
 from runners.engine import Engine
-from runners.results import environment
+from runners.results import environment, git_commit
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 
@@ -47,6 +51,40 @@ class Clock:
                 fn()
                 times.append(time.perf_counter() - t)
         return statistics.median(times)
+
+
+def copy_bandwidth(device, clock, nbytes: int = 1 << 28, repeat: int = 5) -> float:
+    """Bytes/s of a large copy on `device` (each byte read once and written once), median of
+    `repeat`: the memory rate the floor divides by, measured here rather than assumed (an H100's
+    3.0 TB/s on a CPU made the floor 100x too low)."""
+    src = torch.ones(nbytes // 4, dtype=torch.float32, device=device)
+    dst = torch.empty_like(src)
+    dst.copy_(src)                                           # warm-up (allocation, first touch)
+    seconds = clock(lambda: dst.copy_(src), repeat)
+    return 2 * nbytes / seconds
+
+
+def provenance(module: str, argv: list[str]) -> dict:
+    """How a benchmark JSON was made: the one command (minus --out: where the file goes does not
+    change its numbers), the commit, and whether tracked files had uncommitted changes (None when
+    there is no git here, e.g. a copy of the tree on the GPU machine with HARNESS_COMMIT set)."""
+    args, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a == "--out":
+            skip = True
+        elif not a.startswith("--out="):
+            args.append(a)
+    dirty = None
+    try:
+        r = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=CONF.parent,
+                           check=False, capture_output=True, text=True, timeout=10)
+        dirty = bool(r.stdout.strip()) if r.returncode == 0 else None
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return {"command": " ".join(["python", "-m", module, *map(shlex.quote, args)]), "commit": git_commit(),
+            "dirty": dirty}
 
 
 def floor_ms(model, info: ModelInfo, context: int, batch: int, dtype, bandwidth: float) -> dict:
@@ -146,18 +184,21 @@ def main(argv=None):
     ap.add_argument("--device", default="auto")
     ap.add_argument("--dtype", default="auto")
     ap.add_argument("--skip-hf", action="store_true", help="only the engine (e.g. when HF would not fit)")
-    ap.add_argument("--bandwidth", type=float, default=3.0e12, help="bytes/s for the floor (H100 copy test)")
-    ap.add_argument("--out", default=None, help="JSON path (default results/bench/engine_<model>_<device>.json)")
+    ap.add_argument("--bandwidth", type=float, default=None,
+                    help="bytes/s for the floor (default: a copy measured on this device at start)")
+    ap.add_argument("--out", default=None, help="write the JSON here (default: print only)")
     args = ap.parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
 
     model, info, device, dtype = load_bench_model(args.model, args.weights, args.device, args.dtype)
     model.config._attn_implementation = "sdpa"
     clock = Clock(device)
+    bandwidth = args.bandwidth or copy_bandwidth(device, clock)
     gen = torch.Generator(device="cpu").manual_seed(0)
     rows = []
     for L in args.lengths:
         ids = torch.randint(0, info.vocab_size, (args.batch, L), generator=gen).to(device)
-        row = {"context": L, "batch": args.batch, **floor_ms(model, info, L, args.batch, dtype, args.bandwidth)}
+        row = {"context": L, "batch": args.batch, **floor_ms(model, info, L, args.batch, dtype, bandwidth)}
         pf, dec = bench_engine(model, info, ids, args.steps, clock, args.repeat)
         row.update(engine_prefill_tok_s=args.batch * L / pf, engine_decode_ms=dec)
         if device.type == "cuda":  # the same engine without CUDA graphs: what the capture buys
@@ -174,19 +215,23 @@ def main(argv=None):
             torch.cuda.empty_cache()
 
     env = environment()
-    out = {"bench": "engine_vs_hf_static_cache", "model": args.model, "weights": args.weights,
-           "dtype": str(dtype), "device": env.get("gpu", "cpu"), "torch_threads": torch.get_num_threads(),
-           "steps": args.steps, "bandwidth_bytes_s": args.bandwidth, "command": "python -m bench.engine " + " ".join(sys.argv[1:]),
-           "environment": env, "rows": rows}
-    tag = "cpu" if device.type == "cpu" else env.get("gpu", "gpu").replace(" ", "_")
-    path = Path(args.out or f"results/bench/engine_{args.model}_{tag}.json")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(out, indent=2))
+    out = {"bench": "engine_vs_hf_static_cache", **provenance("bench.engine", argv), "model": args.model,
+           "weights": args.weights, "dtype": str(dtype), "device": env.get("gpu", "cpu"),
+           "torch_threads": torch.get_num_threads(), "steps": args.steps, "bandwidth_bytes_s": bandwidth,
+           "bandwidth_source": "--bandwidth" if args.bandwidth else "measured copy", "environment": env,
+           "rows": rows}
     print(f"\n{'context':>8} {'engine ms/tok':>14} {'hf ms/tok':>10} {'floor ms':>9} {'engine tok/s':>13} {'hf tok/s':>10}")
     for r in rows:
         print(f"{r['context']:>8} {r['engine_decode_ms']:>14.2f} {r.get('hf_decode_ms', float('nan')):>10.2f} "
               f"{r['floor_ms']:>9.2f} {r['engine_prefill_tok_s']:>13.0f} {r.get('hf_prefill_tok_s', float('nan')):>10.0f}")
-    print(f"wrote {path}")
+    print(f"floor at {bandwidth / 1e9:.1f} GB/s ({out['bandwidth_source']})")
+    if args.out:
+        path = Path(args.out)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(out, indent=2))
+        print(f"wrote {path}")
+    else:
+        print("(not written: pass --out FILE to keep the JSON)")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Kernel-level benchmark on the GPU (Llama-3-8B decode shapes: Hq 32, Hkv 8, D 128, bf16).
 
-    python -m bench.kernel_ops --out results/bench_kernels.json [--quick] [--sweep]
+    python -m bench.kernel_ops --out results/bench/kernels_llama3_h100.json [--quick] [--sweep]
 
 Times (median; CUDA-graph replays by default, --eager for do_bench; inputs rotate over buffers so
 repeated calls do not hit L2) torch SDPA flash decode vs our full decode kernel, sparse decode at
@@ -13,6 +13,10 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
+import shlex
+import subprocess
+import sys
 import time
 
 import torch
@@ -144,6 +148,29 @@ def quest_rows(rows, sets, B, S):
           f"+topk {ms_t * 1e3:.1f} us, update(1 token) {ms_u * 1e3:.1f} us", flush=True)
 
 
+def provenance(argv: list[str]) -> dict:
+    """The one command that wrote the JSON (minus --out) and the commit: git, or HARNESS_COMMIT on
+    a copy of the tree without .git. Kept here rather than shared: this script runs on the bare
+    device image, without the packages bench.engine imports."""
+    args, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a == "--out":
+            skip = True
+        elif not a.startswith("--out="):
+            args.append(a)
+    commit = os.environ.get("HARNESS_COMMIT")
+    if not commit:
+        try:
+            r = subprocess.run(["git", "rev-parse", "--short", "HEAD"], check=False, capture_output=True, text=True,
+                               timeout=10, cwd=os.path.dirname(os.path.abspath(__file__)))
+            commit = r.stdout.strip() or None
+        except (OSError, subprocess.SubprocessError):
+            commit = None
+    return {"command": " ".join(["python", "-m", "bench.kernel_ops", *map(shlex.quote, args)]), "commit": commit}
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
@@ -233,7 +260,8 @@ def main():
             torch.cuda.empty_cache()
     print(f"done in {time.time() - t0:.0f} s")
     with open(args.out, "w") as f:
-        json.dump(dict(meta=meta, rows=rows), f, indent=1)
+        json.dump(dict(bench="kernel_ops", **provenance(sys.argv[1:]), device=props.name, meta=meta, rows=rows), f,
+                  indent=1)
     print("\n| B | S | SDPA us | ours us | ours/SDPA | ours TB/s | sel/full | sel+topk us | full+sep+topk us "
           "| eager SDPA us | eager ours us |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")

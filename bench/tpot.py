@@ -5,8 +5,9 @@
 
 The floor is the bytes a decode step must read at least (every weight once, plus the KV rows the
 method attends: all of them in dense layers, `budget` per head elsewhere, Quest's page bounds)
-over --bandwidth (3.0 TB/s: the H100 copy test). TidalDecode (tidal.table5-6, fig6) and the
-issue's targets are stated against these numbers.
+over --bandwidth (default: a copy measured on this device at start). TidalDecode's items
+(tidal.table5-6, fig6) render from these files; `python -m analysis bench FILE` runs the one command
+the catalogue declares for each, and the JSON records that command and its commit.
 """
 from __future__ import annotations
 
@@ -17,8 +18,8 @@ from pathlib import Path
 
 import torch
 
+from bench.engine import Clock, bench_engine, copy_bandwidth, load_bench_model, provenance
 from methods import REGISTRY, ModelInfo
-from bench.engine import Clock, bench_engine, load_bench_model
 from runners.results import environment
 
 
@@ -60,14 +61,17 @@ def main(argv=None):
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--steps", type=int, default=32)
     ap.add_argument("--graphs", choices=["on", "off"], default="on")
-    ap.add_argument("--bandwidth", type=float, default=3.0e12)
+    ap.add_argument("--bandwidth", type=float, default=None,
+                    help="bytes/s for the floor (default: a copy measured on this device at start)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
 
     model, info, device, dtype = load_bench_model(args.model, args.weights)
     elt = torch.finfo(dtype).bits // 8
     weight_bytes = sum(p.numel() for p in model.parameters()) * elt
     clock = Clock(device)
+    bandwidth = args.bandwidth or copy_bandwidth(device, clock)
     gen = torch.Generator().manual_seed(0)
     rows = []
     for context in args.contexts:
@@ -76,7 +80,7 @@ def main(argv=None):
             for budget in ([None] if name == "full" else args.budgets):
                 cfg = method_cfg(name, budget, info)
                 kv_bytes = kv_rows_read(name, cfg, info, context) * args.batch * 2 * info.head_dim * elt
-                floor = 1e3 * (weight_bytes + kv_bytes) / args.bandwidth
+                floor = 1e3 * (weight_bytes + kv_bytes) / bandwidth
                 _, ms = bench_engine(model, info, ids, args.steps, clock, 1, graphs=args.graphs == "on",
                                      method_cfg=cfg, time_prefill=False)
                 row = {"context": context, "method": name, "budget": budget, "batch": args.batch,
@@ -87,10 +91,10 @@ def main(argv=None):
                       flush=True)
                 torch.cuda.empty_cache() if device.type == "cuda" else None
     env = environment()
-    out = {"bench": "tpot", "model": args.model, "weights": args.weights, "dtype": str(dtype),
-           "device": env.get("gpu", "cpu"), "graphs": args.graphs, "steps": args.steps,
-           "bandwidth_bytes_s": args.bandwidth, "weights_gb": weight_bytes / 1e9,
-           "command": "python -m bench.tpot " + " ".join(sys.argv[1:]), "environment": env, "rows": rows}
+    out = {"bench": "tpot", **provenance("bench.tpot", argv), "model": args.model, "weights": args.weights,
+           "dtype": str(dtype), "device": env.get("gpu", "cpu"), "graphs": args.graphs, "steps": args.steps,
+           "bandwidth_bytes_s": bandwidth, "bandwidth_source": "--bandwidth" if args.bandwidth else "measured copy",
+           "weights_gb": weight_bytes / 1e9, "environment": env, "rows": rows}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(out, indent=2))
     print(f"wrote {args.out}")

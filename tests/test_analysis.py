@@ -1,23 +1,31 @@
-"""The analysis catalogue: the full map of PAPERS.md, Make targets generated from it, cell matching
-against stored runs, and rendering (ours beside the paper's, "not implemented" rows) on synthetic
-result rows written into a temporary results directory."""
+"""The analysis catalogue: the full map of PAPERS.md, Make targets generated from it, modules that
+register with the catalogue (no import circle), cell matching against stored runs, and rendering
+(ours with n and a 95% interval beside the paper's, "not implemented" rows) on synthetic result rows
+written into a temporary results directory. Compact rows and byte-for-byte re-rendering:
+tests/test_analysis_rows.py; latency items and benchmark provenance: tests/test_analysis_bench.py."""
 from __future__ import annotations
 
-import json
+import ast
 import re
 from pathlib import Path
 
 import pandas as pd
 import pytest
+import yaml
+from analysis_fakes import fake_run, table1_cells
 
+import analysis.papers  # noqa: F401  (registers the implementations)
 from analysis import catalogue
 from analysis.__main__ import main
+from analysis.defaults import method_default
 from analysis.launch import pack
 from analysis.makefile import generate
-from analysis.runs import Store, expand
+from analysis.runs import Store, expand, method_exists
+from analysis.stats import interval, wilson
 
 ROOT = Path(__file__).resolve().parents[1]
 PAPERS_MD = ROOT.parent / "shared" / "PAPERS.md"
+NO_METHOD = "no_such_method_ever"        # a name no method will take (checked below, not assumed)
 
 
 def papers_md_keys() -> list[str]:
@@ -41,11 +49,60 @@ def test_catalogue_lists_every_papers_md_key(capsys):
         assert k in listed
 
 
+def _analysis_imports(path: Path) -> set[str]:
+    """analysis.* modules a file imports, at any depth (function-level imports included)."""
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("analysis"):
+            mods = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+            out |= {m for m in mods if (ROOT / (m.replace(".", "/") + ".py")).exists()}
+            for a in node.names:
+                assert not a.name.startswith("_"), f"{path.name} imports the private {node.module}.{a.name}"
+        elif isinstance(node, ast.Import):
+            out |= {a.name for a in node.names if a.name.startswith("analysis.")}
+    return out
+
+
+def test_analysis_modules_form_no_import_circle():
+    files = list((ROOT / "analysis").rglob("*.py"))
+    mod = {f: ".".join(f.relative_to(ROOT).with_suffix("").parts) for f in files}
+    graph = {mod[f]: _analysis_imports(f) - {mod[f]} for f in files if f.name != "__init__.py"}
+    assert not any(m.startswith("analysis.papers") for m in graph["analysis.catalogue"]), \
+        "the catalogue must not import the paper modules: they register with it"
+    state: dict[str, int] = {}
+
+    def visit(m, path):
+        if state.get(m) == 1:
+            raise AssertionError("import circle: " + " -> ".join(path + [m]))
+        if state.get(m) == 2:
+            return
+        state[m] = 1
+        for d in graph.get(m, ()):
+            visit(d, path + [m])
+        state[m] = 2
+
+    for m in graph:
+        visit(m, [])
+    assert {"tidal.table1", "tidal.fig6"} <= set(catalogue.implemented_keys())   # registered on import
+
+
+def test_method_default_reads_the_method_config():
+    conf = yaml.safe_load((ROOT / "conf" / "method" / "tidal.yaml").read_text())
+    assert method_default("tidal", "reselect_layer") == conf["reselect_layer"]
+    from analysis.papers.tidal import row_label
+
+    assert row_label({"method": "tidal"}) == f"TD+L{conf['reselect_layer']}"
+    assert row_label({"method": "tidal", "method.reselect_layer": None}) == f"TD+L{conf['dense_layers']}"
+    with pytest.raises(KeyError):
+        method_default("tidal", "no_such_key")
+
+
 def test_targets_mk_is_generated_and_current():
     text = (ROOT / "analysis" / "targets.mk").read_text()
     assert text == generate(), "run: python -m analysis makefile > analysis/targets.mk"
     for it in catalogue.items().values():
         assert f"\n{it.target()}: install\n" in text
+    assert "\nresults/bench/tpot_llama3_h100.json: | install\n" in text      # one rule per benchmark file
     assert "include analysis/targets.mk" in (ROOT / "Makefile").read_text()
 
 
@@ -66,6 +123,15 @@ def test_not_implemented_items_say_so(capsys):
     assert main(["render", "nope.table1"]) == 2
 
 
+def test_wilson_interval_known_values():
+    assert wilson(5, 10) == pytest.approx((0.2366, 0.7634), abs=1e-4)
+    assert wilson(0, 10) == pytest.approx((0.0, 0.2775), abs=1e-4)
+    assert wilson(10, 10) == pytest.approx((0.7225, 1.0), abs=1e-4)
+    lo, hi, how = interval([1.0] * 50 + [0.0] * 50)
+    assert how == "wilson" and (lo, hi) == pytest.approx((0.4038, 0.5962), abs=1e-4)
+    assert interval([0.2, 0.4])[2] == "normal" and interval([]) is None
+
+
 def test_pack_merges_cells_into_sweeps():
     impl = catalogue.get("tidal.table1").impl
     cells = [c for c in expand(impl.sweeps["embedded"], [], impl.label) if c.values["method"] == "quest"]
@@ -77,85 +143,79 @@ def test_pack_merges_cells_into_sweeps():
 
 # --- synthetic results ------------------------------------------------------------------------------
 
-def nested(values: dict) -> dict:
-    cfg: dict = {}
-    for k, v in values.items():
-        parts = [k, "name"] if "." not in k else k.split(".")
-        node = cfg
-        for p in parts[:-1]:
-            node = node.setdefault(p, {})
-        node[parts[-1]] = v
-    cfg["runner"] = {"seed": 42, "results_dir": "elsewhere", "wandb": {"mode": "offline"}}
-    return cfg
-
-
-def fake_run(results: Path, values: dict, hits: list[int], summary: bool = True) -> Path:
-    d = results / values["task"] / values["model"] / values["method"] / f"h{abs(hash(str(values))) % 10**8}"
-    d.mkdir(parents=True)
-    with open(d / "samples.jsonl", "w") as f:
-        f.writelines(json.dumps({"id": f"s{i}", "metrics": {"accuracy": float(hit)}}) + "\n" for i, hit in enumerate(hits))
-    if summary:
-        (d / "summary.json").write_text(json.dumps({"config": nested(values), "n_samples": len(hits)}))
-    else:
-        import yaml
-
-        (d / "config.yaml").write_text(yaml.safe_dump(nested(values)))
-    return d
-
-
 @pytest.fixture
 def table1_results(tmp_path):
-    impl = catalogue.get("tidal.table1").impl
-    cells = {(c.row, c.col): c for c in expand(impl.sweeps["embedded"], [], impl.label)}
+    cells = table1_cells()
     results = tmp_path / "runs"
-    fake_run(results, cells[("Quest", 32)].values, [1, 0])
-    fake_run(results, cells[("TD+L7", 32)].values, [1, 1])
-    fake_run(results, cells[("TD+L7", 64)].values, [1], summary=False)         # partial: 1 of 2 rows
-    fake_run(results, cells[("Full (reference)", "all")].values, [1, 1])
+    fake_run(results, cells[("Quest", 32)].values, [1] * 50 + [0] * 50)
+    fake_run(results, cells[("TD+L7", 32)].values, [1] * 100)
+    fake_run(results, cells[("TD+L7", 64)].values, [1, 1], summary=False)     # partial: 2 of 100 rows
+    fake_run(results, cells[("Full (reference)", "all")].values, [1] * 100)
     # a run of another config (different length) must not fill any cell
     other = dict(cells[("Quest", 64)].values, **{"task.lengths": [2048]})
-    fake_run(results, other, [0, 0])
+    fake_run(results, other, [0] * 100)
     return results
 
 
 def test_status_matches_runs_by_value(table1_results):
-    item = catalogue.get("tidal.table1")
     store = Store(table1_results)
-    cells = {(c.row, c.col): store.fill(c) for c in expand(item.impl.sweeps["embedded"], [], item.impl.label)}
-    assert cells[("Quest", 32)].status == "done"
-    assert cells[("TD+L7", 64)].status == "partial" and cells[("TD+L7", 64)].expected == 2
+    cells = {k: store.fill(c) for k, c in table1_cells().items()}
+    assert cells[("Quest", 32)].status == "done" and cells[("Quest", 32)].expected == 100
+    assert cells[("TD+L7", 64)].status == "partial" and cells[("TD+L7", 64)].expected == 100
     assert cells[("Quest", 64)].status == "missing"
-    assert cells[("H2O", 32)].status == "not implemented"
+    assert not method_exists(NO_METHOD)
+    ghost = expand([["task=niah", "model=smollm2", f"method={NO_METHOD}"]], [], lambda v: ("", "x", 1))
+    assert store.fill(ghost[0]).status == "not implemented"
 
 
-def test_render_puts_ours_beside_the_paper(table1_results, tmp_path, capsys):
-    out = tmp_path / "out"
-    args = ["render", "tidal.table1", "--results", str(table1_results), "--out", str(out)]
+def test_render_puts_ours_with_interval_beside_the_paper(table1_results, tmp_path, monkeypatch, capsys):
+    impl = catalogue.get("tidal.table1").impl
+    ghost = [o.replace("method=quest", f"method={NO_METHOD}") for o in impl.sweeps["embedded"][3]]
+    monkeypatch.setitem(impl.sweeps, "embedded", impl.sweeps["embedded"] + [ghost])
+    out, rows = tmp_path / "out", tmp_path / "rows"
+    args = ["render", "tidal.table1", "--results", str(table1_results), "--rows", str(rows), "--out", str(out)]
     assert main(args) == 0
     md = (out / "tables" / "tidal.table1.md").read_text()
-    assert "| H2O — not implemented | — (0) |" in md and "TOVA — not implemented" in md
-    assert "| Quest | 50 (65) | — (99) |" in md                                   # ours (paper)
-    assert "| TD+L7 | 100 (73) | 100* (92) |" in md                               # partial: marked *
-    assert "Full attention (ours, same samples): 100% (n=2)" in md
+    assert f"| {NO_METHOD} — not implemented | — | — | — | — | — | 0 |" in md
+    assert "| Quest | 50 [40–60] (65) | — (99) |" in md                  # ours [95% Wilson] (paper)
+    assert "| TD+L7 | 100 [96–100] (73) | 100* [34–100] n=2 (92) |" in md    # partial: *, its own n
+    assert "95% Wilson score interval" in md and "abc1234" in md       # the commit of the runs
+    assert "Full attention (ours, same samples): 100% [96–100] (n=100)" in md
     df = pd.read_csv(out / "tables" / "tidal.table1.csv")
     assert set(df["status"]) >= {"done", "partial", "missing", "not implemented"}
+    assert {"ci_lo", "ci_hi", "ci", "n", "run", "commit"} <= set(df.columns)
     assert (out / "figures" / "tidal.table1.png").stat().st_size > 1000
-    # rendering again reads the same rows and writes the same table
-    assert main(args) == 0
+    assert main(args) == 0                                               # the same rows, the same table
     assert (out / "tables" / "tidal.table1.md").read_text() == md
+    assert "unchanged" in capsys.readouterr().out
 
 
-def test_run_launches_only_what_is_missing(table1_results, capsys):
-    assert main(["run", "tidal.table1", "--results", str(table1_results), "--dry-run"]) == 0
+def test_run_launches_only_what_is_missing(table1_results, tmp_path, capsys):
+    assert main(["run", "tidal.table1", "--results", str(table1_results), "--rows", str(tmp_path / "rows"),
+                 "--dry-run"]) == 0
     out = capsys.readouterr().out
-    assert "method 'h2o' is not implemented" in out
     cmds = [line for line in out.splitlines() if line.startswith("$ python")]
     quest = next(c for c in cmds if "method=quest" in c)
     assert "method.budget=64,128,256,512 " in quest                    # K=32 is done: not re-run
-    tidal = next(c for c in cmds if "method=tidal" in c)
+    tidal = next(c for c in cmds if "method=tidal" in c and "reselect_layer=7 " in c)
     assert "method.budget=64,128,256,512 " in tidal                    # the partial one is resumed
     assert not any("method=full" in c for c in cmds)
     assert all(f"runner.results_dir={table1_results}" in c for c in cmds)
+    assert not (tmp_path / "rows").exists()                            # a dry run writes nothing
+
+
+def test_dry_run_and_missing_rows_write_nothing(tmp_path, capsys):
+    out = tmp_path / "out"
+    (out / "tables").mkdir(parents=True)
+    kept = out / "tables" / "tidal.table1.md"
+    kept.write_text("committed\n")
+    base = ["--results", str(tmp_path / "none"), "--rows", str(tmp_path / "rows"), "--out", str(out)]
+    assert main(["make", "tidal.table1", "--dry-run", *base]) == 0
+    assert main(["render", "tidal.table1", "--dry-run", *base]) == 0
+    assert main(["render", "tidal.table1", *base]) == 2                 # no rows: says so, writes nothing
+    assert "no rows for any cell" in capsys.readouterr().err
+    assert kept.read_text() == "committed\n" and sorted(p.name for p in out.rglob("*")) == ["tables", "tidal.table1.md"]
+    assert not (tmp_path / "rows").exists()
 
 
 def test_sensitivity_renderers_on_synthetic_rows(tmp_path):
@@ -165,11 +225,12 @@ def test_sensitivity_renderers_on_synthetic_rows(tmp_path):
     assert any("method.reselect_layer=null" in c.overrides for c in cells)  # TD+L2: one selection layer
     results = tmp_path / "runs"
     for c in cells[:12]:
-        fake_run(results, c.values, [1, 0])
+        fake_run(results, c.values, [1, 0] * 25)
     for key in ("tidal.table7-12", "tidal.fig9"):
-        assert main(["render", key, "--results", str(results), "--out", str(tmp_path / "out")]) == 0
+        assert main(["render", key, "--results", str(results), "--rows", str(tmp_path / "rows"),
+                     "--out", str(tmp_path / "out")]) == 0
         md = (tmp_path / "out" / "tables" / f"{key}.md").read_text()
-        assert "### smollm2" in md or "smollm2" in md
+        assert "smollm2" in md and "50 [37–63]" in md
         assert "(100)" in md                                       # paper numbers of the paper models
         assert (tmp_path / "out" / "figures" / f"{key}.png").exists()
     t2 = catalogue.get("tidal.table2").impl
@@ -178,77 +239,18 @@ def test_sensitivity_renderers_on_synthetic_rows(tmp_path):
     assert {t2.label(c.values)[0] for c in expand(t2.sweeps["paper"], [], t2.label)} == paper_blocks
 
 
+def test_embedded_profiles_sample_as_many_per_cell_as_the_paper():
+    """n per cell of the embedded sweeps: 10 depths x rounds = the paper's count (Table 1: 100,
+    Tables 2 and 7-12: 50), so a cell's 95% Wilson interval is at most +-10 / +-14 points."""
+    for key, n in (("tidal.table1", 100), ("tidal.table2", 50), ("tidal.table7-12", 50), ("tidal.fig9", 50)):
+        impl = catalogue.get(key).impl
+        for c in expand(impl.sweeps["embedded"], [], impl.label):
+            assert len(c.values["task.depths"]) * c.values["task.rounds"] == n, (key, c.overrides)
+
+
 def test_nothing_done_launches_the_sweeps_as_written(tmp_path, capsys):
-    assert main(["run", "tidal.table7-12", "--results", str(tmp_path), "--dry-run"]) == 0
+    assert main(["run", "tidal.table7-12", "--results", str(tmp_path), "--rows", str(tmp_path / "rows"),
+                 "--dry-run"]) == 0
     cmds = [line for line in capsys.readouterr().out.splitlines() if line.startswith("$ python")]
     assert len(cmds) == 2                           # tidal layers x budgets, quest budgets: one array each
     assert "method.reselect_layer=null,3,4," in cmds[0] and "method.budget=32,64,128,256,512" in cmds[0]
-
-
-# --- latency items: rendered from benchmark JSON ---------------------------------------------------
-
-def fake_bench(d: Path) -> Path:
-    """Small tpot/kernels JSON in the writers' formats (bench/tpot.py, bench_kernels.py)."""
-    d.mkdir(parents=True, exist_ok=True)
-    for model, contexts in (("llama2_7b", (10240, 32768)), ("llama3", (10240, 32768, 102400))):
-        rows = []
-        for s in contexts:
-            full = 8.0 + s / 10240
-            rows.append({"context": s, "method": "full", "budget": None, "batch": 1, "tpot_ms": full, "floor_ms": 5.0})
-            for k in (32, 4096):
-                rows += [{"context": s, "method": "quest", "budget": k, "batch": 1, "tpot_ms": 8.5, "floor_ms": 5.0},
-                         {"context": s, "method": "tidal", "budget": k, "batch": 1, "tpot_ms": 6.5, "floor_ms": 5.0}]
-        (d / f"tpot_{model}_h100.json").write_text(json.dumps(
-            {"bench": "tpot", "model": model, "device": "NVIDIA H100 80GB HBM3", "rows": rows}))
-    rows = []
-    for s in (10240, 131072):
-        full = 0.02 * s / 10240
-        rows.append({"op": "full", "B": 1, "S": s, "ms_ours": full, "ms_sdpa": full * 1.05, "ms_selection": full * 1.05,
-                     "ms_selection_topk": full * 2})
-        rows += [{"op": op, "B": 1, "S": s, "budget": 512, "sets": sets, "ms": 0.005}
-                 for op in ("tokens", "pages16") for sets in ("Hq", "Hkv")]
-    rows.append({"op": "quest", "B": 1, "S": 131072, "ms_scores": 0.01, "ms_scores_topk": 0.1, "ms_update1": 0.004})
-    (d / "kernels_llama3_h100.json").write_text(json.dumps({"meta": {"device": "NVIDIA H100 80GB HBM3"}, "rows": rows}))
-    return d
-
-
-LATENCY = ("tidal.fig6", "tidal.table5-6", "tidal.fig7", "tidal.fig8")
-
-
-def test_latency_items_render_from_bench_json(tmp_path, capsys):
-    bench, out = fake_bench(tmp_path / "bench"), tmp_path / "out"
-    for key in LATENCY:
-        assert main(["render", key, "--bench", str(bench), "--out", str(out)]) == 0
-        md = (out / "tables" / f"{key}.md").read_text()
-        assert "H100" in md and "A100" in md and "not comparable across GPUs" in md
-        assert (out / "figures" / f"{key}.png").stat().st_size > 1000
-        df = pd.read_csv(out / "tables" / f"{key}.csv")
-        assert {"ours", "paper", "device_ours", "device_paper"} <= set(df.columns)
-    fig6 = (out / "tables" / "tidal.fig6.md").read_text()
-    assert "| Full (ms) | 9.00 (19.22) |" in fig6                        # ours (paper), llama2_7b @ 10K
-    assert "1.38x (1.13x)" in fig6                                       # TD speedup 9/6.5 vs 19.22/16.94
-    t56 = (out / "tables" / "tidal.table5-6.md").read_text()
-    assert "| 10K | 9.00 (19.22) | 6.50 (16.94) | — (17.18) |" in t56      # Table 5, K=64 not measured
-    assert "| 100K | — (45.70) |" in t56                                  # llama2_7b has no 100K run
-    fig7 = (out / "tables" / "tidal.fig7.md").read_text()
-    assert "(5.56x)" in fig7 and "(2.17x)" in fig7 and "~" in fig7        # 10K Quest: scaled estimate
-    assert "2 x full (dense layers 0-1) + (L-2)" in fig7                  # the composition is stated
-    assert "(3.36x)" in (out / "tables" / "tidal.fig8.md").read_text()
-
-
-def test_latency_missing_json_is_one_clear_line(tmp_path, capsys):
-    assert main(["render", "tidal.table5-6", "--bench", str(tmp_path), "--out", str(tmp_path / "out")]) == 2
-    err = capsys.readouterr().err.strip()
-    assert "\n" not in err and "tpot_llama2_7b_h100.json" in err and "gpu_session.sh tpot" in err
-    assert main(["make", "tidal.fig8", "--bench", str(tmp_path)]) == 2
-    assert "bench.kernel_ops" in capsys.readouterr().err
-    assert not (tmp_path / "out").exists()
-
-
-def test_latency_run_prints_the_gpu_command(tmp_path, capsys):
-    assert main(["run", "tidal.fig7", "--bench", str(tmp_path)]) == 0
-    out = capsys.readouterr().out
-    assert "python3 -m bench.kernel_ops --sweep --out results/bench/kernels_llama3_h100.json" in out
-    assert "$ python" not in out and "run.py" not in out              # no Hydra multirun launched
-    assert main(["status", "tidal.fig6", "--bench", str(fake_bench(tmp_path / "b"))]) == 0
-    assert "done" in capsys.readouterr().out

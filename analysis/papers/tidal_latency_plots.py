@@ -1,41 +1,46 @@
-"""Renderers (tables + figures) of the TidalDecode latency items; the frames are in tidal_latency."""
+"""Renderers (tables + figures) of the TidalDecode latency items, and their registration; the
+frames are in tidal_latency."""
 from __future__ import annotations
 
 from pathlib import Path
 
 import numpy as np
 
-from analysis import render
-from analysis.tidal_latency import (
+from analysis import latency, render
+from analysis.catalogue import Bench, Impl, register
+from analysis.papers.tidal_latency import (
     CONTEXTS,
     K_FIG,
+    KERNEL_FILES,
+    MODELS,
     NUMBERS,
     PAPER,
-    SHAPE,
-    TPOT,
-    _header,
-    _write,
+    PAPER_DEVICE,
+    TPOT_FILES,
+    TPOT_KS,
     attention_totals,
     ctx,
     fig6_frame,
     fig7_frame,
     fig8_frame,
     kernel_times,
-    md_tables,
+    measured,
     paper_ms,
+    semantics,
     table56_frame,
     tpot,
 )
 
 COLORS = {"Full": "0.55", "Quest": "C1", "TidalDecode": "C0"}
 TPOT_NOTES = """
-Notes. Our contexts are 10240/32768/102400 tokens (the paper's "10K/32K/100K"). The Llama-2-7B shape
-(the paper's model) has no 100K row: `bench/gpu_session.sh tpot` runs it at 10240 and 32768 only;
-the Llama-3-8B shape covers all three (no paper numbers beside it: the paper measured Llama-2-7B, and
-says GQA "does not affect the relative efficiency comparison"). Ours: budgets K=32/256/1024/4096 only.
-The paper's full attention is FlashInfer and its Quest the Quest implementation; ours are one engine
-(runners/engine.py) with our Triton kernels for all three, so the Full/Quest/TD ratios compare
-algorithms on equal kernels. Each TPOT JSON row also holds its bandwidth floor (floor_ms).
+Notes. Our contexts are 10240/32768/102400 tokens (the paper's "10K/32K/100K"); budgets K={ks} only.
+Measured (full attention present, from rows each file's own command wrote): {measured}.
+Methods as each row records them: {semantics}.
+The Llama-3-8B shape has no paper numbers beside it (the paper measured Llama-2-7B, and says GQA "does
+not affect the relative efficiency comparison"). The paper's full attention is FlashInfer and its
+Quest the Quest implementation; ours are one engine (runners/engine.py) with our Triton kernels for
+all three, so the Full/Quest/TD ratios compare algorithms on equal kernels. Each TPOT JSON row also
+holds its bandwidth floor (floor_ms).
 """
 FIG7_NOTES = f"""
 Notes. Composed from per-layer kernel times (kernels JSON, Llama-3-8B shapes, K={K_FIG}, the budget of
@@ -48,18 +53,20 @@ the paper's Figs. 7-8), per decode step, L = 32 or 64 layers:
   re-selection layer) + (L-4) x sparse attention over K={K_FIG} tokens (one set per query head).
 Measured top-k sizes differ from K={K_FIG}: selection + top-k is timed with top-4096 tokens, Quest's
 top-k with 4096/16 = 256 pages. bench/kernel_ops.py times Quest's scores and top-k only at its
-largest context (128K); cells marked ~ use that time scaled by the page count (S/131072), a lower bound
-(per-launch costs do not shrink with S), so Quest's ms there is understated and the speedups over Quest
-are lower bounds. Launch gaps, GEMMs and norms are not in these sums (see tidal.fig6 for end to end).
+largest context (128K); elsewhere that time is scaled by the page count (S/131072). With a kernel time
+affine in the pages and a non-negative fixed cost (per-launch costs do not shrink with S), the scaled
+time is a lower bound on Quest's: its ms cells read ≥, Full/Quest (Quest below the line) ≤, and
+Quest/TidalDecode ≥; a maximum over lower bounds is a lower bound (≥). Launch gaps, GEMMs and norms
+are not in these sums (see tidal.fig6 for end to end).
 The paper gives no per-bar values in its text, only the maxima compared in the last block.
 """
 FIG8_NOTES = f"""
 Notes. Per-layer kernel times (ms, CUDA-graph medians) at Llama-3-8B shapes, K={K_FIG}, one set per
 query head; ratios are relative to our full decode kernel. "TD token selection" is full attention that
 also keeps the scores; "+ top-k" adds the top-4096 selection (the layer TidalDecode runs twice). Quest's
-page scores and top-k are timed at 128K only (256 pages selected); cells marked ~ scale them by the page
-count (lower bounds, see tidal.fig7). The paper states the Quest kernel / TD sparse kernel ratio reaches
-3.36x, and that the token selection layer is "slightly" slower than full attention (no number).
+page scores and top-k are timed at 128K only (256 pages selected); elsewhere they are scaled by the
+page count: lower bounds (≥), as is every Quest total and ratio with Quest above the line (see
+tidal.fig7). The paper states the Quest kernel / TD sparse kernel ratio reaches 3.36x, and that the token selection layer is "slightly" slower than full attention (no number).
 """
 
 
@@ -90,13 +97,17 @@ def _bars(ax, groups, series, ylabel, title, hatch_est=None, annotate=None):
     ax.margins(y=0.18)
 
 
-def render_fig6(item, impl, data: dict, out_root: Path) -> list[Path]:
-    df, device = fig6_frame(data)
-    md = (_header(item, impl, device, list(data), "ms per decoded token (batch 1) and speedups")
-          + md_tables(df, "Method / Budget") + TPOT_NOTES)
-    t, _ = tpot(data)
-    ks = [32, 256, 1024, 4096]
-    who = [(m, f"ours: {SHAPE[m].split(' (')[0]}, H100") for m in TPOT] + [("paper", "paper: Llama-2-7B, A100")]
+def _tpot_notes(sources) -> str:
+    return TPOT_NOTES.format(measured=measured(sources), ks="/".join(map(str, TPOT_KS)), semantics=semantics(sources))
+
+
+def render_fig6(item, impl, sources, out_root: Path) -> list[Path]:
+    df = fig6_frame(sources)
+    md = (latency.header(item, impl, sources, "ms per decoded token (batch 1) and speedups", PAPER_DEVICE)
+          + latency.md_tables(df, "Method / Budget") + _tpot_notes(sources))
+    t = {k: v[0] for k, v in tpot(sources).items()}
+    ks, device = TPOT_KS, latency.devices(sources)
+    who = [(m, f"ours: {MODELS[m].split(' (')[0]}") for m in MODELS] + [("paper", "paper: Llama-2-7B, A100")]
     plt = _plt()
     fig, axes = plt.subplots(len(who), len(CONTEXTS), figsize=(11, 2.7 * len(who)), squeeze=False)
     for (src, label), row in zip(who, axes):
@@ -120,15 +131,16 @@ def render_fig6(item, impl, data: dict, out_root: Path) -> list[Path]:
                  f"({device}), row 3 the paper (A100, Tables 5-6 at our budgets); absolute ms are not "
                  f"comparable across GPUs", fontsize=8)
     fig.tight_layout()
-    return _write(item, df, md, fig, device, out_root)
+    return latency.write(item, df, md, fig, sources, PAPER_DEVICE, out_root)
 
 
-def render_table56(item, impl, data: dict, out_root: Path) -> list[Path]:
-    df, device = table56_frame(data)
-    md = (_header(item, impl, device, list(data), "ms per decoded token (batch 1) and speedups")
-          + md_tables(df, "Context / Budget") + TPOT_NOTES
+def render_table56(item, impl, sources, out_root: Path) -> list[Path]:
+    df = table56_frame(sources)
+    md = (latency.header(item, impl, sources, "ms per decoded token (batch 1) and speedups", PAPER_DEVICE)
+          + latency.md_tables(df, "Context / Budget") + _tpot_notes(sources)
           + "Table 6's header in the paper reads \"TidalDecode(ms)\"; its caption (Quest) is what it holds.\n")
-    t, _ = tpot(data)
+    t = {k: v[0] for k, v in tpot(sources).items()}
+    device = latency.devices(sources)
     plt = _plt()
     fig, axes = plt.subplots(1, len(CONTEXTS), figsize=(12, 3.4), squeeze=False)
     ks = PAPER["columns"]
@@ -154,14 +166,14 @@ def render_table56(item, impl, data: dict, out_root: Path) -> list[Path]:
     fig.suptitle(f"{item.key}: end-to-end speedup over full attention; ours {device} (solid: Llama-2-7B "
                  f"shape, dotted: Llama-3-8B shape), paper A100 (dashed)", fontsize=8)
     fig.tight_layout()
-    return _write(item, df, md, fig, device, out_root)
+    return latency.write(item, df, md, fig, sources, PAPER_DEVICE, out_root)
 
 
-def render_fig7(item, impl, data: dict, out_root: Path) -> list[Path]:
-    df, device = fig7_frame(data)
-    md = (_header(item, impl, device, list(data), "attention ms per decode step and speedups; ~ = estimate "
-                  "(see notes)") + md_tables(df, "Method / Context", col_name=str) + FIG7_NOTES)
-    kt, _ = kernel_times(data)
+def render_fig7(item, impl, sources, out_root: Path) -> list[Path]:
+    df = fig7_frame(sources)
+    md = (latency.header(item, impl, sources, "attention ms per decode step and speedups", PAPER_DEVICE)
+          + latency.md_tables(df, "Method / Context", col_name=str) + FIG7_NOTES)
+    kt, device = kernel_times(sources), latency.devices(sources)
     Bs = sorted({b for b, _ in kt})
     plt = _plt()
     fig, axes = plt.subplots(len(Bs), 2, figsize=(10, 3.0 * len(Bs)), squeeze=False)
@@ -176,21 +188,22 @@ def render_fig7(item, impl, data: dict, out_root: Path) -> list[Path]:
     axes[0][-1].legend(fontsize=6, loc="upper right")
     c = NUMBERS["fig7"]
     fig.suptitle(f"{item.key}: attention latency relative to Full (labels: speedup), K={K_FIG}, ours "
-                 f"{device}; hatched = Quest selection scaled from 128K (lower bound). Paper (A100): up to "
+                 f"{device}; hatched = Quest estimated from its 128K time (bar: a lower bound; its speedup "
+                 f"label: an upper bound). Paper (A100): up to "
                  f"{c['max_speedup_vs_full']}x vs Full, {c['max_speedup_vs_quest']}x vs Quest", fontsize=8)
     fig.tight_layout()
-    return _write(item, df, md, fig, device, out_root)
+    return latency.write(item, df, md, fig, sources, PAPER_DEVICE, out_root)
 
 
 def _ratio(a, b):
     return None if a is None or b is None else a / b
 
 
-def render_fig8(item, impl, data: dict, out_root: Path) -> list[Path]:
-    df, device = fig8_frame(data)
-    md = (_header(item, impl, device, list(data), "per-layer kernel ms and ratios; ~ = estimate (see notes)")
-          + md_tables(df, "Kernel / Context", col_name=str) + FIG8_NOTES)
-    kt, _ = kernel_times(data)
+def render_fig8(item, impl, sources, out_root: Path) -> list[Path]:
+    df = fig8_frame(sources)
+    md = (latency.header(item, impl, sources, "per-layer kernel ms and ratios", PAPER_DEVICE)
+          + latency.md_tables(df, "Kernel / Context", col_name=str) + FIG8_NOTES)
+    kt, device = kernel_times(sources), latency.devices(sources)
     Bs = sorted({b for b, _ in kt})
     plt = _plt()
     fig, axes = plt.subplots(1, len(Bs), figsize=(7 * len(Bs), 3.8), squeeze=False)
@@ -225,8 +238,34 @@ def render_fig8(item, impl, data: dict, out_root: Path) -> list[Path]:
         ax.margins(y=0.25)
     axes[0][-1].legend(fontsize=6, loc="upper right")
     fig.suptitle(f"{item.key}: per-layer kernels relative to full attention, ours {device}; hatched = "
-                 f"Quest selection scaled from 128K. Paper (A100): Quest / TD sparse up to "
+                 f"Quest selection scaled from 128K (lower bounds). Paper (A100): Quest / TD sparse up to "
                  f"{NUMBERS['fig8']['max_sparse_speedup_vs_quest']}x", fontsize=8)
     fig.tight_layout()
-    return _write(item, df, md, fig, device, out_root)
+    return latency.write(item, df, md, fig, sources, PAPER_DEVICE, out_root)
 
+
+
+# --- registration ------------------------------------------------------------------------------------
+TPOT_SETUP = ("bench/tpot.py: end-to-end decode ms/token (TPOT) of our engine, random weights, bf16, "
+              "CUDA graphs, batch 1, 32 steps, at 10240/32768/102400 tokens.")
+KERNEL_SETUP = ("bench/kernel_ops.py: per-layer kernel times (CUDA-graph medians) at Llama-3-8B decode "
+                "shapes (Hq 32, Hkv 8, D 128, bf16), B=1 and 8, 10K/32K/100K/128K.")
+
+
+def _latency(title, setup, paper_setup, files, render_fn) -> Impl:
+    return Impl(title=title, sweeps={}, label=lambda v: ("", "", ""), render=None, metric="ms",
+                setup={"paper": setup}, paper_setup=paper_setup, bench=Bench(files, render_fn))
+
+
+register("tidal.fig6", _latency(
+    "End-to-end decode latency, Full vs Quest vs TidalDecode (TidalDecode Fig. 6)", TPOT_SETUP,
+    "Llama-2-7B, 10K/32K/100K (Fig. 6; values from Tables 5-6).", TPOT_FILES, render_fig6))
+register("tidal.table5-6", _latency(
+    "End-to-end latency, K=32..4096 x 10K/32K/100K (TidalDecode Tables 5-6)", TPOT_SETUP,
+    "Llama-2-7B, 10K/32K/100K, K=32..4096 (Tables 5-6).", TPOT_FILES, render_table56))
+register("tidal.fig7", _latency(
+    "Attention latency of 32- and 64-layer models, Full vs Quest vs TidalDecode (TidalDecode Fig. 7)",
+    KERNEL_SETUP, "LLaMA with 32 and 64 layers, 10K/32K/100K, K=512.", KERNEL_FILES, render_fig7))
+register("tidal.fig8", _latency(
+    "Kernel breakdown at K=512: full, selection, sparse, Quest (TidalDecode Fig. 8)", KERNEL_SETUP,
+    "attention kernels at 10K/32K/100K, K=512.", KERNEL_FILES, render_fig8))

@@ -2,10 +2,14 @@
 
 Protocol (tasks/niah.py): the needle_test of the TidalDecode repository, 32 greedy tokens, substring
 match; the paper's haystack is PG-19-mini. `paper` profile: the paper's models, lengths and (inferred)
-sample counts: 10 depths x `rounds`. `embedded`: SmolLM2-135M (30 layers, 8K context) at 4096 tokens
-on the built-in noise haystack, a few depths, one round: the same sweep shapes in minutes to hours
-on a CPU. Both TidalDecode and Quest keep the first two layers dense (the method defaults), as the
-paper states for Table 2.
+sample counts: 10 depths x `rounds`. `embedded`: SmolLM2-135M (30 layers, 8K context) on the built-in
+noise haystack, with as many samples per cell as the paper has (10 depths x 10 rounds = 100 for
+Table 1, x 5 = 50 for Tables 2 and 7-12): a cell's 95% Wilson interval is then at most +-10 points
+(n=100) or +-14 (n=50), as wide as the paper's own numbers allow, so orderings that hold across
+non-overlapping intervals mean something. Those sweeps run on a GPU (analysis/device_sweep.sh); on a
+CPU, `OVERRIDES=task.limit=4` gives a quick partial look (cells then marked partial).
+Both TidalDecode and Quest keep their first layers dense (the method defaults), as the paper states
+for Table 2.
 
 Budget mapping: every method takes `method.budget` = K (StreamingLLM: sink 4 + window K-4).
 TD+L2 (one selection layer: the reference with correction_layer == sparse_layer_start) is
@@ -13,22 +17,23 @@ TD+L2 (one selection layer: the reference with correction_layer == sparse_layer_
 """
 from __future__ import annotations
 
-from pathlib import Path
-
-import yaml
-
 from analysis import render
-from analysis.catalogue import Impl
+from analysis.catalogue import Impl, paper_numbers, register
+from analysis.defaults import method_default
 
-NUMBERS = yaml.safe_load((Path(__file__).parent / "paper_numbers" / "tidal.yaml").read_text())
+NUMBERS = paper_numbers("tidal")
 KS = [32, 64, 128, 256, 512]
 DEPTHS10 = "[0,11,22,33,44,56,67,78,89,100]"      # round(linspace(0, 100, 10)), the script's grid
 NAMES = {"h2o": "H2O", "tova": "TOVA", "streaming_llm": "StreamingLLM", "quest": "Quest", "full": "Full (reference)"}
-DENSE_LAYERS = 2
+DENSE_LAYERS = method_default("tidal", "dense_layers")
 LAYERS = {"llama32_3b": 28, "llama31_8b": 32, "llama3_70b": 80, "llama3": 32, "longchat_7b": 32,
           "yarn_llama2_7b": 32, "smollm2": 30}
-EMBEDDED_TASK = ["task=niah", "task.haystack=noise", "task.lengths=[4096]", "task.depths=[20,80]",
-                 "task.rounds=1"]
+
+
+def embedded_task(rounds: int, lengths: str = "[4096]") -> list[str]:
+    """The embedded NIAH grid: 10 depths x `rounds` samples per cell, noise haystack."""
+    return ["task=niah", "task.haystack=noise", f"task.lengths={lengths}", f"task.depths={DEPTHS10}",
+            f"task.rounds={rounds}"]
 
 
 def _ks(ks) -> str:
@@ -37,7 +42,7 @@ def _ks(ks) -> str:
 
 def row_label(v: dict) -> str:
     if v["method"] == "tidal":
-        layer = v.get("method.reselect_layer", 13)
+        layer = v.get("method.reselect_layer", method_default("tidal", "reselect_layer"))
         return f"TD+L{DENSE_LAYERS if layer is None else layer}"
     return NAMES.get(v["method"], v["method"])
 
@@ -72,7 +77,7 @@ TABLE1 = Impl(
         "paper": _table1_sweeps("longchat_7b", ["task=niah", "task.haystack=pg19", "task.lengths=[10000]",
                                                 f"task.depths={DEPTHS10}", "task.rounds=10"]),
         # L7 as in the paper, plus L14: SmolLM2's best re-selection layer (4K NIAH sweep, 2026-11-23)
-        "embedded": _table1_sweeps("smollm2", EMBEDDED_TASK, layers="7,14"),
+        "embedded": _table1_sweeps("smollm2", embedded_task(rounds=10), layers="7,14"),
     },
     label=lambda v: ("", row_label(v), _k(v)),
     render=lambda item, impl, df, profile, out: render.budget_table(
@@ -80,8 +85,8 @@ TABLE1 = Impl(
     paper=_paper_rows("", T1["columns"], T1["rows"]),
     setup={"paper": "LongChat-7B-v1.5-32K, niah on PG-19 (task.haystack_dir), 10000 tokens, 10 depths x 10 "
                     "rounds.",
-           "embedded": "SmolLM2-135M-Instruct, niah on the built-in noise haystack, 4096 tokens, depths "
-                       "20/80 %, 1 round (2 samples per cell)."},
+           "embedded": "SmolLM2-135M-Instruct, niah on the built-in noise haystack, 4096 tokens, 10 depths x "
+                       "10 rounds (100 samples per cell, as the paper)."},
     paper_setup="LongChat-7B-v1.5-32K, 10K context, 100 samples per cell (inferred).",
 )
 T1_NOTES = """
@@ -91,13 +96,14 @@ from that protocol rather than this needle test (unverified here). All our rows 
 of tasks/niah.py. TD+L7 = TidalDecode with re-selection layer 7; TidalDecode and Quest keep layers 0-1
 dense (method defaults), as the paper states.
 
-Embedded profile (SmolLM2-135M): the sparse rows are near 0 at K <= 512 although exact per-layer
-top-K attention answers 5/5 down to K=32. Diagnosed (2026-11-23, noise haystack, 4K, 4-5 samples):
-retrieval is spread over ~12 (layer, head) pairs on different head numbers (L7..L23), so TidalDecode's
-per-head set reuse across layers misses most needle mass (0.3 kept vs 0.9 for Quest), and Quest's
-page bound ranks the needle page 82nd of 257 in the main retrieval head (L18, KV head 2: wide key
-channels 31/63). Accuracy recovers at larger K: TD+L14 3/5 at 1024 and 5/5 at 2048, Quest 3/4 at
-2048. No implementation bug was found (bounds, positions, GQA mapping and page alignment checked).
+Embedded profile (SmolLM2-135M). An earlier diagnostic session (2026-11-23, noise haystack, 4K,
+4-5 samples: anecdotes, not these rows) found the sparse rows near 0 at K <= 512 although exact
+per-layer top-K attention answered 5/5 down to K=32: retrieval is spread over ~12 (layer, head)
+pairs on different head numbers (L7..L23), so TidalDecode's per-head set reuse across layers misses
+most needle mass (0.3 kept vs 0.9 for Quest), and Quest's page bound ranks the needle page 82nd of
+257 in the main retrieval head (L18, KV head 2: wide key channels 31/63). Accuracy recovered at
+larger K there: TD+L14 3/5 at 1024 and 5/5 at 2048, Quest 3/4 at 2048. No implementation bug was
+found (bounds, positions, GQA mapping and page alignment checked).
 """
 
 
@@ -106,7 +112,8 @@ def _full_note(df) -> str:
     if full.empty or full["ours"].isna().all():
         return "\nFull attention (ours, same samples): no result yet.\n"
     r = full.iloc[0]
-    return f"\nFull attention (ours, same samples): {r['ours']:.0f}% (n={int(r['n'])}).\n"
+    return (f"\nFull attention (ours, same samples): {r['ours']:.0f}% [{r['ci_lo']:.0f}–{r['ci_hi']:.0f}] "
+            f"(n={int(r['n'])}).\n")
 
 
 # --- Table 2 ---------------------------------------------------------------------------------------
@@ -137,14 +144,15 @@ TABLE2 = Impl(
                                                             f"task.depths={DEPTHS10}", f"task.rounds={rounds}"])],
         # three lengths standing in for 10K/32K/100K inside the 8K model; L31 does not exist (30 layers)
         "embedded": _table2_sweeps("smollm2", [2048, 4096, 7424], [13, 14, 15],
-                                   ["task=niah", "task.haystack=noise", "task.depths=[20,80]", "task.rounds=1"]),
+                                   [o for o in embedded_task(rounds=5) if not o.startswith("task.lengths")]),
     },
     label=lambda v: (_t2_block(v), row_label(v), _k(v)),
     render=lambda item, impl, df, profile, out: render.budget_table(item, impl, df, profile, out),
     paper=[r for block, b in T2["blocks"].items() for r in _paper_rows(block, T2["columns"], b["rows"])],
     setup={"paper": "the paper's models and lengths, niah on PG-19, 10 depths x 5 rounds (70B: x 3).",
            "embedded": "SmolLM2-135M-Instruct at 2048/4096/7424 tokens (standing in for 10K/32K/100K), "
-                       "noise haystack, depths 20/80 %, 1 round; TD+L13/14/15 (L31 needs 32 layers)."},
+                       "noise haystack, 10 depths x 5 rounds (50 samples per cell, as the paper); TD+L13/14/15 "
+                       "(L31 needs 32 layers)."},
     paper_setup="Llama-3-8B-Instruct-Gradient-1048k (llama3), Llama-3.1-8B-Instruct (llama31_8b), "
                 "Llama-3-70B-Instruct-Gradient-1048k (llama3_70b); PG-19-mini haystack.",
 )
@@ -182,14 +190,14 @@ SENSITIVITY_SWEEPS = {
     "paper": [s for model, t in T712.items()
               for s in _sensitivity_sweeps(model, t["length"], t["columns"], t["samples"] // 10, "pg19",
                                            DEPTHS10, quest="Quest" in t["rows"])],
-    "embedded": _sensitivity_sweeps("smollm2", 4096, KS, 1, "noise", "[20,80]", quest=True),
+    "embedded": _sensitivity_sweeps("smollm2", 4096, KS, 5, "noise", DEPTHS10, quest=True),
 }
 SENSITIVITY_SETUP = {
     "paper": "the six models of Tables 7-12 at their lengths (10K; LongChat and Yarn 3K), niah on PG-19, "
              "10 depths x 5 rounds (70B: 3, LongChat/Yarn: 10); the Slurm sweep "
              "(`make tidal-table7-12 PROFILE=paper LAUNCHER=slurm`).",
-    "embedded": "SmolLM2-135M-Instruct (30 layers: L2..L29), 4096 tokens, noise haystack, depths 20/80 %, "
-                "1 round; 145 runs of 2 samples, several hours on a 2-core CPU.",
+    "embedded": "SmolLM2-135M-Instruct (30 layers: L2..L29), 4096 tokens, noise haystack, 10 depths x 5 "
+                "rounds (50 samples per cell, as the paper); 145 runs, a GPU sweep (analysis/device_sweep.sh).",
 }
 SENSITIVITY_PAPER = [r for model, t in T712.items() for r in _paper_rows(model, t["columns"], t["rows"])]
 T712_NOTES = """
@@ -237,5 +245,6 @@ FIG9 = Impl(
     paper_setup="Fig. 9: LongChat-7B, Yarn-Llama-2-7B (3K), LLaMA-3-8B-1048K, LLaMA-3.1-8B (10K), K=256.",
 )
 
-IMPLEMENTATIONS = {"tidal.table1": TABLE1, "tidal.table2": TABLE2, "tidal.table7-12": TABLE7_12,
-                   "tidal.fig9": FIG9}
+for _key, _impl in {"tidal.table1": TABLE1, "tidal.table2": TABLE2, "tidal.table7-12": TABLE7_12,
+                    "tidal.fig9": FIG9}.items():
+    register(_key, _impl)

@@ -1,0 +1,88 @@
+"""`python -m analysis bench KEY|FILE`: run, on a GPU machine, the one command that writes each
+benchmark file a latency item renders from (the command the catalogue declares, so the file records
+exactly it), for the files that are missing or flawed (all of them with --force).
+
+The file must record the commit the numbers were measured at: from git, or from HARNESS_COMMIT on a
+copy of the tree without .git (the device machine); without either it refuses to run."""
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+from analysis import catalogue, provenance
+from analysis.catalogue import BenchFile
+
+ROOT = Path(__file__).resolve().parents[1]
+ENGINE_CODE = ("bench/engine.py", "runners/engine.py", "runners/graphs.py", "runners/fused_layers.py",
+               "runners/models.py", "methods/full.py", "methods/base.py", "kernels")
+# Benchmark files that no catalogue item renders but the README quotes (engine vs HF StaticCache).
+HARNESS_FILES = [
+    BenchFile("engine_llama3_h100.json", "python -m bench.engine --model llama3 --weights random --lengths 8192 "
+              "32768 131072 --steps 32 --repeat 2", ENGINE_CODE),
+    BenchFile("engine_smollm2_cpu.json", "python -m bench.engine --lengths 4096 --steps 16 --repeat 1", ENGINE_CODE,
+              gpu=False),
+]
+
+
+def all_files() -> dict:
+    """Every declared benchmark file by name: the latency items' and HARNESS_FILES."""
+    files = {f.name: f for it in catalogue.items().values() if it.impl and it.impl.bench for f in it.impl.bench.files}
+    return {**files, **{f.name: f for f in HARNESS_FILES}}
+
+
+def declared(key: str) -> list:
+    """The BenchFiles of an item, or the one named (with or without its results/bench/ prefix)."""
+    name = Path(key).name
+    files = all_files()
+    if name in files:
+        return [files[name]]
+    item = catalogue.get(key)
+    if not (item.require().bench):
+        raise ValueError(f"{item.key} is not a latency item: `python -m analysis make {item.key}` runs its sweep")
+    return item.impl.bench.files
+
+
+def _commit_known() -> bool:
+    if os.environ.get("HARNESS_COMMIT"):
+        return True
+    r = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], check=False, capture_output=True,
+                       text=True)
+    return r.returncode == 0
+
+
+def run_files(key: str, bench_dir: str, force: bool = False, dry_run: bool = False) -> int:
+    todo = []
+    for f in declared(key):
+        src = provenance.load(f, bench_dir)
+        if force or src.problems:
+            todo.append((f, src))
+        else:
+            print(f"ok {src.path} (commit {src.commit}); --force to re-run")
+    if not todo:
+        return 0
+    if not dry_run:
+        import torch
+
+        if any(f.gpu for f, _ in todo) and not torch.cuda.is_available():
+            raise ValueError("bench: these benchmarks need a CUDA GPU and this machine has none; "
+                             "--dry-run prints the commands")
+        if not _commit_known():
+            raise ValueError("bench: cannot tell the commit of this tree (no git here); set HARNESS_COMMIT "
+                             "to the commit it is a copy of, so the files record it")
+    failed = 0
+    for f, src in todo:
+        words = shlex.split(f.command) + ["--out", str(Path(bench_dir) / f.name)]
+        if words[0] in ("python", "python3"):
+            words[0] = sys.executable
+        print(f"$ {f.command} --out {Path(bench_dir) / f.name}   # {src.short()}", flush=True)
+        if dry_run:
+            continue
+        Path(bench_dir).mkdir(parents=True, exist_ok=True)
+        rc = subprocess.run(words, cwd=ROOT, check=False).returncode
+        if rc:
+            failed += 1
+            print(f"  -> exit code {rc}", file=sys.stderr, flush=True)
+    return 1 if failed else 0
