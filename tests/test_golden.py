@@ -27,10 +27,12 @@ GOLDEN = Path(__file__).parent / "data" / "golden_smollm2.json"
 # scored tokens for the same reason.
 METHODS = {
     "full": {"name": "full"},
+    # clamp_budget false: the recording predates Quest's reference clamp of the budget to the context
+    # (the default since; tests/test_methods_quest.py checks the clamp itself)
     "quest": {"name": "quest", "budget": 256, "page_size": 16, "dense_layers": 2, "min_pages": 3,
-              "pool": "query_head", "include_current_page": False},
+              "pool": "query_head", "include_current_page": False, "clamp_budget": False},
     "quest_kv_current": {"name": "quest", "budget": 256, "page_size": 16, "dense_layers": 2, "min_pages": 1,
-                         "pool": "kv_head", "include_current_page": True},
+                         "pool": "kv_head", "include_current_page": True, "clamp_budget": False},
     "tidal": {"name": "tidal", "budget": 256, "dense_layers": 2, "reselect_layer": 14, "select": "query_head",
               "include_current": False},
     "tidal_kv": {"name": "tidal", "budget": 256, "dense_layers": 2, "reselect_layer": 14, "select": "kv_head",
