@@ -82,6 +82,12 @@ class MethodConfig:
         setting."""
         return None
 
+    def max_context(self, info) -> int | None:
+        """Longest sequence (prompt + new tokens) this method can read on the model `info`: the
+        model's positions by default; None = any length (a bounded cache whose positions stay inside
+        the model's, e.g. Cascading's strided prefill). Tasks and the run loop check lengths against it."""
+        return info.max_position
+
     # --- the generated YAML ----------------------------------------------------------------------
     @classmethod
     def defaults(cls) -> dict:
