@@ -1,0 +1,149 @@
+"""Cascading KV cache kernels: the update kernel (kernels/cascade.py) and the strided attention with
+EMA mass (kernels/cascade_attention.py), Triton against the torch references: in the CPU interpreter
+on small shapes, and (`-m gpu`) at the shapes of Llama-3.1-8B with a 32K cache."""
+from __future__ import annotations
+
+import os
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+
+import kernels  # noqa: E402
+from kernels import _common  # noqa: E402
+from kernels.cascade import cascade_apply, cascade_apply_ref  # noqa: E402
+from kernels.cascade_attention import strided_attention, strided_attention_ref  # noqa: E402
+from methods.stores_cascade import CascadeLayout  # noqa: E402
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+HAVE_KERNELS = kernels.HAVE_TRITON and (torch.cuda.is_available() or _common.interpreter_active())
+needs_kernels = pytest.mark.skipif(not HAVE_KERNELS, reason="triton missing or imported before TRITON_INTERPRET=1")
+
+
+def _store(B, H, slots, D, seed, dtype=torch.float32):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(B, H, slots, D, generator=g).to(DEV, dtype), torch.randn(B, H, slots, D, generator=g).to(DEV, dtype),
+            torch.rand(B, H, slots, generator=g).to(DEV), torch.randint(0, 1000, (B, H, slots), generator=g).to(DEV))
+
+
+def _new(B, H, T, D, seed, dtype=torch.float32):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(B, H, T, D, generator=g).to(DEV, dtype), torch.randn(B, H, T, D, generator=g).to(DEV, dtype),
+            torch.rand(B, H, T, generator=g).to(DEV))
+
+
+def _both(store, new, tok_new, plan, monkeypatch):
+    """(reference result, Triton result) of one plan applied to copies of the same store."""
+    a = [t.clone() for t in store]
+    b = [t.clone() for t in store]
+    cascade_apply_ref(*a, *new, tok_new, plan)
+    monkeypatch.setenv("HARNESS_KERNELS", "triton")
+    cascade_apply(*b, *new, tok_new, plan)
+    monkeypatch.delenv("HARNESS_KERNELS")
+    return a, b
+
+
+@needs_kernels
+def test_apply_kernel_matches_reference_on_chunk_and_decode_plans(monkeypatch):
+    B, H, D = 2, 2, 16
+    L = CascadeLayout(2, 3, 4)
+    L.prepare(DEV)
+    store = _store(B, H, L.slots, D, 0)
+    seed = 1
+    for T in (7, 20, 1, 13):                            # chunk plans through and past the eager fill
+        new = _new(B, H, T, D, seed)
+        tok_new = torch.arange(L.n_seen, L.n_seen + T, device=DEV)
+        plan = L.chunk_plan(T, True, DEV)
+        a, b = _both(store, new, tok_new, plan, monkeypatch)
+        assert plan.n_merge > 0 or T < 13
+        for x, y in zip(a, b):
+            assert torch.equal(x, y)
+        store, seed = a, seed + 1
+    ctr = torch.tensor([L.stored, L.start], device=DEV)
+    for _ in range(9):                                  # device-built decode plans
+        p = torch.tensor([L.n_seen], device=DEV)
+        plan, _, _, ctr_new = L.device_step(ctr, p, True)
+        new = _new(B, H, 1, D, seed)
+        a, b = _both(store, new, p, plan, monkeypatch)
+        for x, y in zip(a, b):
+            assert torch.equal(x, y)
+        store, ctr, seed = a, ctr_new, seed + 1
+        L.n_seen += 1
+
+
+def test_decode_plan_equals_chunk_plan_of_one_token():
+    """The device-built decode plan, positions and counters equal the host chunk plan of one token."""
+    B, H, D = 1, 2, 16
+    host, dev = CascadeLayout(3, 3, 2), CascadeLayout(3, 3, 2)
+    dev.prepare(DEV)
+    s1 = _store(B, H, host.slots, D, 5)
+    s2 = [t.clone() for t in s1]
+    ctr = torch.zeros(2, 3, dtype=torch.long, device=DEV)
+    for t in range(30):
+        new = _new(B, H, 1, D, 100 + t)
+        p = torch.tensor([t], device=DEV)
+        n, before = host.n_filled, host.positions()
+        cascade_apply_ref(*s1, *new, p, host.chunk_plan(1, True, DEV))
+        plan, icp, n_filled, ctr = dev.device_step(ctr, p, True)
+        assert int(n_filled) == n and icp[:n].tolist() == before[:n] and int(icp[n]) == n
+        cascade_apply_ref(*s2, *new, p, plan)
+        assert ctr.tolist() == [host.stored, host.start]
+        for x, y in zip(s1, s2):                       # the decode plan also scribbles on the trash slot
+            assert torch.equal(x[:, :, :host.trash], y[:, :, :host.trash]), t
+
+
+@needs_kernels
+@pytest.mark.parametrize("T,L,dtype", [(13, 29, torch.float32), (16, 16, torch.float32), (9, 40, torch.bfloat16)])
+def test_strided_attention_kernel_matches_reference(T, L, dtype, monkeypatch):
+    g = torch.Generator().manual_seed(T + L)
+    B, Hq, Hkv, D = 2, 4, 2, 16
+    q = torch.randn(B, Hq, T, D, generator=g).to(DEV, dtype)
+    k = torch.randn(B, Hkv, L, D, generator=g).to(DEV, dtype)
+    v = torch.randn(B, Hkv, L, D, generator=g).to(DEV, dtype)
+    w = torch.rand(T, generator=g).to(DEV)
+    ref_out, ref_mass = strided_attention_ref(q, k, v, 0.25, w)
+    monkeypatch.setenv("HARNESS_KERNELS", "triton")
+    out, mass = strided_attention(q, k, v, 0.25, w)
+    tol = dict(rtol=2e-2, atol=2e-2) if dtype == torch.bfloat16 else dict(rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(out.float(), ref_out.float(), **tol)
+    torch.testing.assert_close(mass, ref_mass, **tol)
+
+
+# --- real shapes on the GPU ------------------------------------------------------------------------
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("T,L", [(4096, 4096 + 32832), (1024, 1024 + 2112)])
+def test_strided_attention_real_shapes(T, L):
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q = torch.randn(1, 32, T, 128, device="cuda", dtype=torch.bfloat16, generator=g)
+    k = torch.randn(1, 8, L, 128, device="cuda", dtype=torch.bfloat16, generator=g)
+    v = torch.randn(1, 8, L, 128, device="cuda", dtype=torch.bfloat16, generator=g)
+    beta = 0.9999999
+    w = ((1 - beta) * beta ** torch.arange(T - 1, -1, -1, dtype=torch.float64)).float().cuda()
+    out, mass = strided_attention(q, k, v, 128 ** -0.5, w)
+    ref_out, ref_mass = strided_attention_ref(q, k, v, 128 ** -0.5, w)
+    assert (out.float() - ref_out.float()).abs().max().item() < 2e-2
+    assert ((mass - ref_mass).abs().max() / ref_mass.abs().max()).item() < 1e-2
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("W,T", [(8192, 4096), (512, 4096)])
+def test_apply_kernel_real_shapes(W, T):
+    L = CascadeLayout(64, 4, W)
+    L.prepare("cuda")
+    store = [t.cuda() for t in _store(1, 8, L.slots, 128, 0, torch.bfloat16)]
+    for step in range(4 * W * 4 // T + 2):
+        new = [t.cuda() for t in _new(1, 8, T, 128, step + 1, torch.bfloat16)]
+        tok_new = torch.arange(L.n_seen, L.n_seen + T, device="cuda")
+        plan = L.chunk_plan(T, True, "cuda")
+        a = [t.clone() for t in store]
+        cascade_apply_ref(*a, *new, tok_new, plan)
+        cascade_apply(*store, *new, tok_new, plan)
+        for x, y in zip(a, store):
+            assert torch.equal(x, y), step
+
