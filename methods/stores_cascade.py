@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 HIDDEN = 0          # rope position given to slots no query sees (any valid position: they are masked)
@@ -133,94 +134,14 @@ class CascadeLayout:
             deeper += n
         return out
 
-    # --- prefill: the plan of a chunk of T tokens (host simulation, shared by all layers) -----------
-    def chunk_plan(self, T: int, selection: bool, device) -> Plan:
-        """Push tokens n_seen..n_seen+T-1 (new tokens 0..T-1 of the step) and advance the counters."""
-        S, W, slots = self.S, self.W, self.slots
-        stored, start = self.stored, self.start
-        fixed: list[int] = []                     # item -> pool index, for fixed items
-        fixed_of: dict[int, int] = {}
-        merges: list[tuple[int, int]] = []        # merge -> (x, y); item id of merge m is -(m + 1)
-        stage: dict[int, int] = {}
-        cur: dict[int, int] = {}                  # slot -> item now there (touched slots only)
+    # --- prefill: the plan of a chunk of T tokens (host, shared by all layers) ----------------------
+    def chunk_plan(self, T: int, selection: bool, device, by_token: bool = False) -> Plan:
+        """Push tokens n_seen..n_seen+T-1 (new tokens 0..T-1 of the step) and advance the counters.
+        `by_token`: the reference's token loop instead of the cascade-by-cascade builder (same plan)."""
+        from methods.cascade_plan import plan_by_level, plan_by_token
 
-        def fix(p: int) -> int:
-            it = fixed_of.get(p)
-            if it is None:
-                it = fixed_of[p] = len(fixed)
-                fixed.append(p)
-            return it
-
-        def at(s: int) -> int:
-            it = cur.get(s)
-            return fix(s) if it is None else it
-
-        for t in range(T):
-            g = self.n_seen + t
-            item = fix(slots + t)
-            if g < S:
-                cur[g] = item
-                continue
-            for i in range(self.N):
-                base = S + i * W
-                if self.accepts(g, i):
-                    if stored[i] < W:
-                        cur[base + stored[i]] = item
-                        stored[i] += 1
-                        break
-                    s = base + start[i]
-                    item, cur[s] = at(s), item
-                    start[i] = (start[i] + 1) % W
-                elif stored[i] == 0:
-                    cur[base] = item
-                    stored[i] = 1
-                    break
-                else:
-                    s = base + (start[i] - 1) % stored[i]
-                    if selection:
-                        y = at(s)
-                        merges.append((item, y))
-                        z = -len(merges)
-                        stage[z] = 1 + max(stage.get(item, 0), stage.get(y, 0))
-                        item = z
-                    cur[s] = item
-                    break
-            # an item still in hand here left the last cascade: dropped
-        self.n_seen += T
-        return self._device_plan(fixed, merges, stage, cur, device)
-
-    def _device_plan(self, fixed, merges, stage, cur, device) -> Plan:
-        F = len(fixed)
-        order = sorted(range(len(merges)), key=lambda m: stage[-(m + 1)])       # stage order (stable)
-        rank = {-(m + 1): F + r for r, m in enumerate(order)}                    # merge item -> final id
-
-        def rid(it: int) -> int:
-            return rank[it] if it < 0 else it
-
-        mx = [rid(merges[m][0]) for m in order]
-        my = [rid(merges[m][1]) for m in order]
-        stages = [stage[-(m + 1)] for m in order]
-        stage_off = [0] + [r + 1 for r in range(len(stages) - 1) if stages[r] != stages[r + 1]] + [len(stages)]
-        # writes: every touched slot whose item is not its own old content, deepest cascade first
-        groups: dict[int, list[tuple[int, int]]] = {}
-        for s, it in cur.items():
-            if it >= 0 and fixed[it] == s:
-                continue
-            lvl = -1 if s < self.S else (s - self.S) // self.W
-            groups.setdefault(lvl, []).append((s, rid(it)))
-        dst, item, group_off = [], [], [0]
-        for lvl in sorted(groups, reverse=True):
-            for s, it in sorted(groups[lvl]):
-                dst.append(s)
-                item.append(it)
-            group_off.append(len(dst))
-
-        def t32(x):
-            return torch.tensor(x, dtype=torch.int32, device=device)
-
-        stage_off = stage_off if merges else [0]
-        return Plan(t32(fixed), t32(mx), t32(my), stage_off, t32(dst), t32(item), group_off, t32(stage_off),
-                    t32(group_off))
+        hp = (plan_by_token if by_token else plan_by_level)(self, T, selection)
+        return to_device(hp, device)
 
     # --- decode: one token, everything on the device from the counters (CUDA-graph safe) ------------
     def device_step(self, ctr: torch.Tensor, p: torch.Tensor, selection: bool):
@@ -281,6 +202,46 @@ class CascadeLayout:
         rows = ctr.tolist()
         self.stored, self.start = [int(x) for x in rows[0]], [int(x) for x in rows[1]]
         self.n_seen = int(n_seen)
+
+
+def to_device(hp, device) -> Plan:
+    """A host plan (methods/cascade_plan.py) as the kernel reads it: merges renumbered after the
+    fixed items in stage order, writes grouped deepest cascade first (sinks last)."""
+    F = hp.n_fixed
+    mx, my, st = hp.merges()
+    order = np.argsort(st, kind="stable")
+    final = np.empty(order.size, dtype=np.int64)
+    final[order] = F + np.arange(order.size)
+
+    def rid(a: np.ndarray) -> np.ndarray:
+        a = a.copy()
+        neg = a < 0
+        a[neg] = final[-a[neg] - 1]
+        return a
+
+    sts = st[order]
+    stage_off = [0] + (np.nonzero(np.diff(sts))[0] + 1).tolist() + [int(sts.size)] if sts.size else [0]
+    dst, item, group_off = [], [], [0]
+    for lvl in sorted(hp.writes, reverse=True):
+        s, it = hp.writes[lvl]
+        if lvl == -1:
+            continue
+        dst.append(s)
+        item.append(rid(it))
+        group_off.append(group_off[-1] + s.size)
+    if -1 in hp.writes:                                    # sinks: never a source, written last
+        s, it = hp.writes[-1]
+        dst.append(s)
+        item.append(rid(it))
+        group_off.append(group_off[-1] + s.size)
+
+    def t32(x):
+        x = np.concatenate(x) if isinstance(x, list) else x
+        return torch.from_numpy(np.ascontiguousarray(x, dtype=np.int32)).to(device)
+
+    return Plan(t32(hp.fixed_pool()), t32(rid(mx[order])), t32(rid(my[order])), stage_off,
+                t32(dst if dst else [np.zeros(0)]), t32(item if item else [np.zeros(0)]), group_off,
+                t32(np.array(stage_off)), t32(np.array(group_off)))
 
 
 class CascadeStore:

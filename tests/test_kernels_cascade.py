@@ -147,3 +147,24 @@ def test_apply_kernel_real_shapes(W, T):
         for x, y in zip(a, store):
             assert torch.equal(x, y), step
 
+
+
+@pytest.mark.parametrize("S,N,W,selection", [(2, 3, 4, True), (0, 1, 5, True), (3, 4, 2, False), (1, 5, 3, True),
+                                             (4, 2, 8, True)])
+def test_level_builder_equals_token_loop(S, N, W, selection):
+    """The cascade-by-cascade plan and the reference's token-by-token plan move the same items, over
+    random chunk lengths through and far past the eager fill (merge scores random)."""
+    g = torch.Generator().manual_seed(S * 100 + N * 10 + W)
+    B, H, D = 1, 3, 16
+    fast, slow = CascadeLayout(S, N, W), CascadeLayout(S, N, W)
+    a = _store(B, H, fast.slots, D, 7)
+    b = [t.clone() for t in a]
+    for step in range(40):
+        T = int(torch.randint(1, 3 * N * W, (1,), generator=g))
+        new = _new(B, H, T, D, 1000 + step)
+        tok_new = torch.arange(fast.n_seen, fast.n_seen + T, device=DEV)
+        cascade_apply_ref(*a, *new, tok_new, fast.chunk_plan(T, selection, DEV))
+        cascade_apply_ref(*b, *new, tok_new, slow.chunk_plan(T, selection, DEV, by_token=True))
+        assert (fast.stored, fast.start, fast.n_seen) == (slow.stored, slow.start, slow.n_seen)
+        for x, y in zip(a, b):
+            assert torch.equal(x, y), step
