@@ -58,6 +58,9 @@ class CascadeConfig(MethodConfig):
     selection: bool = option(True, "token selection: keep the higher-scored of the incoming token and the newest "
                              "entry of a cascade that does not accept it; false (the paper's ablation, the reference "
                              "without scores): the incoming token always replaces it")
+    cache_rule: str = option("fixed", "fixed: cache_size slots; quarter | half: 2^floor(log2(L/4)) | 2^floor(log2(L/2)) "
+                             "slots for a sequence of L tokens (prompt + new tokens), at most cache_size: the "
+                             "reference's LongBench | Booksum rules", choices=("fixed", "quarter", "half"))
     stride: int | None = option(1024, "prefill stride: the prompt streams through the cache in chunks of this many "
                                 "tokens (reference: 1024 PG-19, 4096 passkey, 512 LongBench); null = one dense chunk",
                                 min=1)
@@ -65,6 +68,14 @@ class CascadeConfig(MethodConfig):
     @property
     def window(self) -> int:
         return self.cache_size // self.cascades
+
+    def cache_for(self, length: int) -> int:
+        """Cache slots for a sequence of `length` tokens under `cache_rule` (a multiple of cascades)."""
+        if self.cache_rule == "fixed":
+            return self.cache_size
+        share = length // (4 if self.cache_rule == "quarter" else 2)
+        size = 1 << max(0, share.bit_length() - 1) if share > 0 else 1
+        return max(self.cascades, min(size, self.cache_size) // self.cascades * self.cascades)
 
     def check(self, info):
         if self.cache_size % self.cascades:
@@ -86,7 +97,9 @@ class CascadeConfig(MethodConfig):
 
     def describe(self):
         return {"budget_unit": "tokens kept per KV head: sink + cache_size (plus the step's own tokens)",
-                "budget_total": self.sink + self.cache_size, "window_per_cascade": self.window,
+                "budget_total": self.sink + self.cache_size if self.cache_rule == "fixed" else
+                f"sink + {self.cache_rule} rule (at most {self.cache_size})",
+                "window_per_cascade": self.window if self.cache_rule == "fixed" else "by the rule",
                 "token_span": self.span(),
                 "acceptance": "cascade i takes every 2^i-th token after an eager fill (pow2)",
                 "score": f"EMA (beta={self.beta}) of post-softmax attention, {self.head_reduction} over "
@@ -118,8 +131,7 @@ class Cascade(Method):
 
     def __init__(self, cfg):
         super().__init__(cfg)
-        c = self.cfg
-        self.layout = CascadeLayout(c.sink, c.cascades, c.window)
+        self.layout = None
 
     @property
     def prefill_chunk(self):
@@ -127,6 +139,13 @@ class Cascade(Method):
 
     def setup(self, info, batch, max_len, device, dtype):
         self.info, self.batch = info, batch
+        c = self.cfg
+        cache = c.cache_for(max_len)
+        if c.sink + cache + (c.stride or 1) > info.max_position:
+            raise HarnessError(f"cascade: {c.cache_rule} cache of {cache} for {max_len} tokens + sink {c.sink} + stride "
+                               f"{c.stride} exceeds the model's {info.max_position} positions; lower cache_size")
+        if self.layout is None or self.layout.cache != cache:
+            self.layout = CascadeLayout(c.sink, c.cascades, cache // c.cascades)
         L = self.layout
         L.reset()
         L.prepare(device)

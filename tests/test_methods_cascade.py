@@ -192,3 +192,13 @@ def test_bounded_context_when_strided():
     strided = build(OmegaConf.create({"name": "cascade", "cache_size": 64, "sink": 4, "stride": 32}), info)
     dense = build(OmegaConf.create({"name": "cascade", "cache_size": 64, "sink": 4, "stride": None}), info)
     assert strided.cfg.max_context(info) is None and dense.cfg.max_context(info) == 512
+
+
+@pytest.mark.parametrize("rule,length,cap,want", [("fixed", 10000, 512, 512), ("quarter", 10000, 65536, 2048),
+                                                  ("quarter", 8192, 65536, 2048), ("half", 10000, 65536, 4096),
+                                                  ("quarter", 10000, 1024, 1024), ("quarter", 10, 64, 4)])
+def test_cache_rules(rule, length, cap, want):
+    """The reference's per-sample sizes: LongBench 2^floor(log2(L/4)), Booksum 2^floor(log2(L/2))."""
+    from methods.cascade import CascadeConfig
+
+    assert CascadeConfig.parse({"cache_rule": rule, "cache_size": cap}).cache_for(length) == want
