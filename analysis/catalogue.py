@@ -68,6 +68,9 @@ class Impl:
     metric: str = "accuracy"
     scale: float = 100.0
     bench: Bench | None = None
+    # a cell's statistic from its run, {"ours", "ci_lo", "ci_hi", "ci", "n"} (default: the mean of
+    # `metric` per sample, analysis.runs.metric_stats); e.g. token-weighted perplexity over books
+    aggregate: Callable[[Any], dict[str, Any] | None] | None = None
 
 
 @dataclass

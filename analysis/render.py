@@ -25,7 +25,9 @@ def frame(cells: list[Cell], impl, profile: str) -> pd.DataFrame:
     Each of our cells carries its mean, 95% interval, n, status and the run id and commit behind it."""
     rows = []
     for i, c in enumerate(cells):
-        st = metric_stats(c.run, impl.metric, impl.scale) if c.run is not None else None
+        st = None
+        if c.run is not None:
+            st = impl.aggregate(c.run) if impl.aggregate else metric_stats(c.run, impl.metric, impl.scale)
         rows.append({"block": c.block, "row": c.row, "col": c.col, **(st or {"n": 0}),
                      "expected": c.expected, "status": c.status, "run": c.run.run_id if c.run else "",
                      "commit": (c.run.info.get("commit") or "") if c.run else "",

@@ -198,55 +198,55 @@ ltri-fig10-14: install
 ltri-table4: install
 	$(ANALYSIS) make ltri.table4 $(ANALYSIS_OPTS)
 
-# cascade.table1: PG-19 perplexity, cache 16K/32K/65K  (not implemented yet: prints why and exits 2)
+# cascade.table1: PG-19 perplexity, cache 16K/32K/65K
 cascade-table1: install
 	$(ANALYSIS) make cascade.table1 $(ANALYSIS_OPTS)
 
-# cascade.fig7: PG-19 perplexity, cache 16K/32K/65K  (not implemented yet: prints why and exits 2)
+# cascade.fig7: PG-19 perplexity, cache 16K/32K/65K
 cascade-fig7: install
 	$(ANALYSIS) make cascade.fig7 $(ANALYSIS_OPTS)
 
-# cascade.fig2: passkey 32K-1M, cache 32K/65K, 5 depth bins x 20  (not implemented yet: prints why and exits 2)
+# cascade.fig2: passkey 32K-1M, cache 32K/65K, 5 depth bins x 20
 cascade-fig2: install
 	$(ANALYSIS) make cascade.fig2 $(ANALYSIS_OPTS)
 
-# cascade.fig8: passkey 32K-1M, cache 32K/65K, 5 depth bins x 20  (not implemented yet: prints why and exits 2)
+# cascade.fig8: passkey 32K-1M, cache 32K/65K, 5 depth bins x 20
 cascade-fig8: install
 	$(ANALYSIS) make cascade.fig8 $(ANALYSIS_OPTS)
 
-# cascade.fig6: latency: cache add ops; attention latency to 1M; stride size  (not implemented yet: prints why and exits 2)
+# cascade.fig6: latency: cache add ops; attention latency to 1M; stride size  (GPU benchmark: renders results/bench/*.json; prints the GPU commands that write them)
 cascade-fig6: install
 	$(ANALYSIS) make cascade.fig6 $(ANALYSIS_OPTS)
 
-# cascade.table2: Booksum ROUGE-1/2/L  (not implemented yet: prints why and exits 2)
+# cascade.table2: Booksum ROUGE-1/2/L
 cascade-table2: install
 	$(ANALYSIS) make cascade.table2 $(ANALYSIS_OPTS)
 
-# cascade.table3: token selection ablation, cache 2048  (not implemented yet: prints why and exits 2)
+# cascade.table3: token selection ablation, cache 2048
 cascade-table3: install
 	$(ANALYSIS) make cascade.table3 $(ANALYSIS_OPTS)
 
-# cascade.fig9: LongBench 6 tasks, cache 2^floor(log2(L/4))  (not implemented yet: prints why and exits 2)
+# cascade.fig9: LongBench 6 tasks, cache 2^floor(log2(L/4))
 cascade-fig9: install
 	$(ANALYSIS) make cascade.fig9 $(ANALYSIS_OPTS)
 
-# cascade.table9: LongBench 6 tasks, cache 2^floor(log2(L/4))  (not implemented yet: prints why and exits 2)
+# cascade.table9: LongBench 6 tasks, cache 2^floor(log2(L/4))
 cascade-table9: install
 	$(ANALYSIS) make cascade.table9 $(ANALYSIS_OPTS)
 
-# cascade.fig10: attention matrix reconstructions  (not implemented yet: prints why and exits 2)
+# cascade.fig10: attention matrix reconstructions  (GPU benchmark: renders results/bench/*.json; prints the GPU commands that write them)
 cascade-fig10: install
 	$(ANALYSIS) make cascade.fig10 $(ANALYSIS_OPTS)
 
-# cascade.fig17: attention matrix reconstructions  (not implemented yet: prints why and exits 2)
+# cascade.fig17: attention matrix reconstructions  (GPU benchmark: renders results/bench/*.json; prints the GPU commands that write them)
 cascade-fig17: install
 	$(ANALYSIS) make cascade.fig17 $(ANALYSIS_OPTS)
 
-# cascade.fig11: stride size vs perplexity and latency  (not implemented yet: prints why and exits 2)
+# cascade.fig11: stride size vs perplexity and latency
 cascade-fig11: install
 	$(ANALYSIS) make cascade.fig11 $(ANALYSIS_OPTS)
 
-# cascade.fig12: number of cascades vs passkey accuracy, cache 4K, 4K-262K  (not implemented yet: prints why and exits 2)
+# cascade.fig12: number of cascades vs passkey accuracy, cache 4K, 4K-262K
 cascade-fig12: install
 	$(ANALYSIS) make cascade.fig12 $(ANALYSIS_OPTS)
 
@@ -254,11 +254,11 @@ cascade-fig12: install
 cascade-table4: install
 	$(ANALYSIS) make cascade.table4 $(ANALYSIS_OPTS)
 
-# cascade.table6: latency vs MInference, 16K-1M  (not implemented yet: prints why and exits 2)
+# cascade.table6: latency vs MInference, 16K-1M  (GPU benchmark: renders results/bench/*.json; prints the GPU commands that write them)
 cascade-table6: install
 	$(ANALYSIS) make cascade.table6 $(ANALYSIS_OPTS)
 
-# cascade.table8: latency vs MInference, 16K-1M  (not implemented yet: prints why and exits 2)
+# cascade.table8: latency vs MInference, 16K-1M  (GPU benchmark: renders results/bench/*.json; prints the GPU commands that write them)
 cascade-table8: install
 	$(ANALYSIS) make cascade.table8 $(ANALYSIS_OPTS)
 
@@ -281,6 +281,34 @@ results/bench/tpot_llama3_h100.json: | install
 # python -m bench.kernel_ops --sweep --out $@
 results/bench/kernels_llama3_h100.json: | install
 	$(ANALYSIS) bench kernels_llama3_h100.json --force
+
+# python -m bench.cascade cacheadd --cache 16384 --tokens 16384 --out $@
+results/bench/cascade_cacheadd_h100.json: | install
+	$(ANALYSIS) bench cascade_cacheadd_h100.json --force
+
+# python -m bench.cascade layer --model llama31_8b --cache 16384 --out $@
+results/bench/cascade_layer_16k_h100.json: | install
+	$(ANALYSIS) bench cascade_layer_16k_h100.json --force
+
+# python -m bench.cascade layer --model llama31_8b --cache 32768 --strides --out $@
+results/bench/cascade_layer_32k_h100.json: | install
+	$(ANALYSIS) bench cascade_layer_32k_h100.json --force
+
+# python -m bench.cascade_attnmap --model smollm2 --out $@
+results/bench/cascade_attnmap_smollm2.json: | install
+	$(ANALYSIS) bench cascade_attnmap_smollm2.json --force
+
+# python -m bench.cascade e2e --model llama31_8b --weights random --methods cascade --out $@
+results/bench/cascade_e2e_h100.json: | install
+	$(ANALYSIS) bench cascade_e2e_h100.json --force
+
+# python -m bench.cascade e2e --model llama31_8b --weights random --methods streaming --out $@
+results/bench/cascade_e2e_streaming_h100.json: | install
+	$(ANALYSIS) bench cascade_e2e_streaming_h100.json --force
+
+# python -m bench.cascade e2e --model llama31_8b --weights random --methods full --lengths 16384 32768 65536 131072 262144 --out $@
+results/bench/cascade_e2e_full_h100.json: | install
+	$(ANALYSIS) bench cascade_e2e_full_h100.json --force
 
 # python -m bench.engine --model llama3 --weights random --lengths 8192 32768 131072 --steps 32 --repeat 2 --out $@
 results/bench/engine_llama3_h100.json: | install

@@ -137,8 +137,10 @@ def suite_e2e(args, device, dtype) -> list[dict]:
                "streaming": cascade_cfg(args.cache, args.stride, 1),
                "full": {"name": "full", "prefill_chunk": None}}[name]
         eng = Engine(model, build(OmegaConf.create(cfg), info))
-        lengths = [L for L in args.lengths if name != "full" or L <= args.dense_max]
-        for L in lengths:
+        lengths = sorted(L for L in args.lengths if name != "full" or L <= args.dense_max)
+        # decode: bounded methods right after their longest prefill; full at the cache size
+        ctx = args.cache + 64 if name == "full" else lengths[-1]
+        for L in sorted(set(lengths) | {ctx}):
             ids = ids_all[:, :L]
 
             def prefill():
@@ -146,29 +148,31 @@ def suite_e2e(args, device, dtype) -> list[dict]:
                 eng.prefill(ids, logits="none")
 
             try:
-                if L == lengths[0]:
+                if L == min(lengths):
                     prefill()                                        # warm-up (compilation, allocator)
-                rows.append({"suite": "e2e", "method": name, "length": L, "prefill_s": clock(prefill)})
+                seconds = clock(prefill)
+                if L in lengths:
+                    rows.append({"suite": "e2e", "method": name, "length": L, "prefill_s": seconds})
             except torch.cuda.OutOfMemoryError:
                 rows.append({"suite": "e2e", "method": name, "length": L, "prefill_s": None, "oom": True})
                 torch.cuda.empty_cache()
-            print(rows[-1], flush=True)
-        # decode: bounded methods after the longest prefill; full at the cache size (its own context)
-        ctx = args.cache + 64 if name == "full" else max(lengths)
-        eng.reset(1, ctx + args.steps + 8)
-        eng.prefill(ids_all[:, :ctx], logits="none")
-        tok = ids_all[:, ctx]
-        for _ in range(2):
-            eng.decode(tok)
-
-        def decode():
-            for _ in range(args.steps):
+                continue
+            if L in lengths:
+                print(rows[-1], flush=True)
+            if L != ctx:
+                continue
+            tok = ids_all[:, ctx]
+            for _ in range(2):
                 eng.decode(tok)
 
-        ms = 1e3 * clock(decode) / args.steps
-        rows.append({"suite": "decode", "method": name, "context": ctx, "ms_per_token": ms,
-                     "graphed": eng.graphs is not None})
-        print(rows[-1], flush=True)
+            def decode():
+                for _ in range(args.steps):
+                    eng.decode(tok)
+
+            ms = 1e3 * clock(decode) / args.steps
+            rows.append({"suite": "decode", "method": name, "context": ctx, "ms_per_token": ms,
+                         "graphed": eng.graphs is not None})
+            print(rows[-1], flush=True)
         release(eng)
     return rows
 

@@ -75,7 +75,7 @@ class PG19(Task):
         protocol = cfg.get("protocol", "decode")
         if protocol not in PROTOCOLS:
             raise ConfigError(f"task.protocol must be one of {PROTOCOLS}, got {protocol!r}")
-        for key in ("num_eval_tokens", "stride", "books", "max_tokens"):
+        for key in ("num_eval_tokens", "stride", "books", "max_tokens", "curve_window"):
             v = cfg.get(key)
             if v is not None and int(v) < 1:
                 raise ConfigError(f"task.{key} must be >= 1 or null, got {v}")
@@ -127,7 +127,13 @@ class PG19(Task):
     def score_nll(self, sample: Sample, nll) -> dict[str, float]:
         total = float(nll.double().sum()) if hasattr(nll, "double") else float(sum(nll))
         n = int(nll.numel()) if hasattr(nll, "numel") else len(nll)
-        return {"nll_sum": total, "tokens": n, "ppl": math.exp(total / n) if n else float("nan")}
+        out = {"nll_sum": total, "tokens": n, "ppl": math.exp(total / n) if n else float("nan")}
+        w = self.cfg.get("curve_window")
+        if w:   # mean NLL of each window of w predictions along the book (Cascading Fig. 7's curves)
+            vals = [float(x) for x in nll]
+            out["nll_curve"] = [round(sum(vals[i:i + int(w)]) / len(vals[i:i + int(w)]), 4)
+                                for i in range(0, len(vals), int(w))]
+        return out
 
     def summarize(self, rows: list[dict]) -> dict[str, Any]:
         return summarize_ppl(rows)

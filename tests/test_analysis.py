@@ -117,7 +117,7 @@ def test_table_numbers_resolve_per_paper():
 def test_not_implemented_items_say_so(capsys):
     assert main(["render", "tidal.fig5"]) == 2
     assert "not implemented in analysis/ yet" in capsys.readouterr().err
-    assert main(["run", "cascade.table2"]) == 2
+    assert main(["run", "cascade.table10"]) == 2
     assert main(["table", "2"]) == 2                      # LycheeDecode table 2 by default
     assert "lychee.table2, not implemented" in capsys.readouterr().err
     assert main(["render", "nope.table1"]) == 2

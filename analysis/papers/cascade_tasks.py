@@ -1,0 +1,145 @@
+"""Cascading KV Cache items on datasets that are not on these machines: Table 2 (Booksum) and Table 9 /
+Fig. 9 (LongBench). They run wherever the data is (`-- task.data_dir=DIR` after the item key is added
+to every run and to the matching) and render "no rows" here.
+
+Booksum (tasks/booksum.py variant=cascade: the reference's Long-Data-Collections book-level set, 5%
+test split, its prompt, greedy 512 tokens, predictions cut to 256 tokens, rouge-score F x100; the
+paper used Perl ROUGE-1.5.5): cascade and StreamingLLM (one cascade) with the reference's cache
+2^floor(log2(L/2)) (method.cache_rule=half), stride 512, the whole book streamed (task.truncation=none);
+the vanilla baseline truncated from the left to the model's length (the reference: 32768 - 512).
+LongBench (tasks/longbench.py, the paper's six tasks, preset cascade6): cache 2^floor(log2(L/4))
+(cache_rule=quarter), stride 512. L is the sequence the engine allocates (prompt + new tokens), the
+reference's L the prompt: the two rules differ only where that crosses a power of two.
+Rows of methods that are not on this branch (H2O/SnapKV/BigBird: evict branch; the truncated flash
+baseline needs a per-sample truncation length; MInference, PyramidKV as run there) show the paper only.
+"""
+from __future__ import annotations
+
+import pandas as pd
+
+from analysis import render
+from analysis.catalogue import Impl, register
+from analysis.papers.cascade_render import (MODEL_LABEL, RUN_EXTRA, bars_figure, facts_note, header, multi_stats,
+                                            paper_rows, tables)
+
+STRIDE = 512
+
+
+def cascade(rule: str, cap: int, cascades: str = "1,4") -> list[str]:
+    return ["method=cascade", "method.sink=64", f"method.cache_rule={rule}", f"method.cache_size={cap}",
+            f"method.cascades={cascades}", f"method.stride={STRIDE}"]
+
+
+def method_row(v: dict, ours: str) -> str:
+    m = v["method"]
+    if m == "cascade":
+        return "Streaming LLM" if int(v.get("method.cascades", 4)) == 1 else ours
+    return {"full": "Vanilla Transformer", "h2o": "H2O", "snapkv": "Snap KV", "bigbird": "BigBird"}.get(m, m)
+
+
+# --- Table 2: Booksum ------------------------------------------------------------------------------
+BOOKSUM_MODELS = {"paper": (["llama31_8b", "qwen2_7b"], 65536), "embedded": (["smollm2"], 2048)}
+ROUGE = {"rouge1": "Rouge-1", "rouge2": "Rouge-2", "rougeL": "Rouge-L"}
+BOOKSUM_LABEL = {"llama31_8b": "Llama 3.1-8B", "qwen2_7b": "Qwen 2-7B", "smollm2": "SmolLM2-135M"}
+
+
+def _booksum_sweeps(profile: str) -> list[list[str]]:
+    models, cap = BOOKSUM_MODELS[profile]
+    task = ["task=booksum", "task.variant=cascade"]
+    out = []
+    for m in models:
+        out += [[*task, "task.truncation=none", f"model={m}", *cascade("half", cap)],
+                [*task, "task.truncation=left", f"model={m}", "method=full"],
+                [*task, "task.truncation=none", f"model={m}", "method=h2o", "method.budget=9216"],
+                [*task, "task.truncation=none", f"model={m}", "method=snapkv"],
+                [*task, "task.truncation=none", f"model={m}", "method=bigbird"]]
+    return out
+
+
+def _booksum_render(item, impl, df, profile, out):
+    """One cell per run in the frame (ROUGE-1); expanded here to ROUGE-1/2/L from RUN_EXTRA."""
+    rows = []
+    for _, x in df.iterrows():
+        extra = RUN_EXTRA.get(x["run"], {}) if isinstance(x["run"], str) and x["run"] else {}
+        for key, col in ROUGE.items():
+            if x["col"] not in (col, "Rouge-1"):
+                continue
+            st = extra.get(key, {})
+            rows.append({**x.to_dict(), "col": col, "ours": st.get("ours"), "ci_lo": st.get("ci_lo", float("nan")),
+                         "ci_hi": st.get("ci_hi", float("nan")), "n": st.get("n", x["n"]),
+                         "paper": _paper(x["block"], x["row"], col)})
+    full = pd.DataFrame(rows).drop_duplicates(["block", "row", "col"])
+    md = (header(item, impl, profile, full, "ROUGE F x100 (rouge-score; the paper: Perl ROUGE-1.5.5, so "
+                 "absolute values differ)") + tables(full, 2, row_title="Method") + facts_note(item.key))
+    return render.write(out, item.key, md, full, bars_figure(full, item.key, "ROUGE"))
+
+
+def _paper(block, row, col):
+    for r in paper_rows("cascade.table2"):
+        if (r["block"], r["row"], r["col"]) == (block, row, col):
+            return r["paper"]
+    return float("nan")
+
+
+TABLE2 = Impl(
+    title="Booksum ROUGE, book level (Cascading Table 2)",
+    sweeps={p: _booksum_sweeps(p) for p in BOOKSUM_MODELS},
+    label=lambda v: (BOOKSUM_LABEL.get(v["model"], v["model"]), method_row(v, "Cascade (Ours)"), "Rouge-1"),
+    render=_booksum_render, paper=paper_rows("cascade.table2"),
+    setup={"paper": "llama31_8b, qwen2_7b; booksum variant=cascade (give task.data_dir: not on these machines); "
+                    "cascade/StreamingLLM cache 2^floor(log2(L/2)) up to 65536, stride 512.",
+           "embedded": "SmolLM2-135M-Instruct; cache 2^floor(log2(L/2)) up to 2048 (its 8K positions), stride 512."},
+    paper_setup="Llama 3.1-8B and Qwen 2-7B (Table 5: instruct), Booksum (Long-Data-Collections), cache not stated "
+                "(the code: 2^floor(log2(L/2))), Perl ROUGE-1.5.5.",
+    metric="rouge1", scale=1.0, aggregate=multi_stats(list(ROUGE)),
+)
+
+
+# --- Table 9 / Fig. 9: LongBench -------------------------------------------------------------------
+SUBSETS = {"narrativeqa": "Narrative QA", "hotpotqa": "HotPot QA", "qasper": "Qasper", "multi_news": "Multi News",
+           "2wikimqa": "2 Wiki MQA", "gov_report": "Gov. Report"}
+LB_MODELS = {"paper": (["llama31_8b", "qwen2_7b"], 65536), "embedded": (["smollm2"], 2048)}
+LB_LABEL = {"llama31_8b": "LLaMA3.1-8B Instruct", "qwen2_7b": "Qwen2-7B", "smollm2": "SmolLM2-135M"}
+
+
+def _lb_sweeps(profile: str) -> list[list[str]]:
+    models, cap = LB_MODELS[profile]
+    subsets = ",".join(SUBSETS)
+    return [[f"task=longbench", f"task.subsets={subsets}", f"model={m}", *cascade("quarter", cap)] for m in models] + \
+        [[f"task=longbench", f"task.subsets={subsets}", f"model={m}", "method=bigbird"] for m in models]
+
+
+def _lb_render(item, impl, df, profile, out):
+    means = []
+    for (block, row), g in df.groupby(["block", "row"], sort=False):
+        ours = g["ours"].dropna()
+        means.append({"block": block, "row": row, "col": "Mean", "ours": ours.mean() if len(ours) == 6 else None,
+                      "ci_lo": float("nan"), "ci_hi": float("nan"), "n": 0, "status": "done" if len(ours) == 6 else
+                      "missing", "run": "", "paper": None})
+    full = pd.concat([df[df["col"] != "Mean"], pd.DataFrame(means)], ignore_index=True)
+    paper_mean = {(r["block"], r["row"]): r["paper"] for r in impl.paper if r["col"] == "Mean"}
+    full.loc[full["col"] == "Mean", "paper"] = [paper_mean.get((b, r)) for b, r in
+                                                zip(full.loc[full["col"] == "Mean", "block"],
+                                                    full.loc[full["col"] == "Mean", "row"])]
+    md = (header(item, impl, profile, full, "LongBench score x100 per task (official metrics) and their mean")
+          + tables(full, 2, row_title="Method") + facts_note(item.key))
+    return render.write(out, item.key, md, full, bars_figure(full[full["col"] != "Mean"], item.key, "score"))
+
+
+def _lb_impl(title: str, paper_key: str) -> Impl:
+    return Impl(
+        title=title, sweeps={p: _lb_sweeps(p) for p in LB_MODELS},
+        label=lambda v: (LB_LABEL.get(v["model"], v["model"]), method_row(v, "Cascade (Ours)"),
+                         SUBSETS[str(v["task.subsets"])]),
+        render=_lb_render, paper=paper_rows("cascade.table9"),
+        setup={"paper": "llama31_8b, qwen2_7b; longbench cascade6 (task.data_dir where the data is); cache "
+                        "2^floor(log2(L/4)) up to 65536, stride 512, 64 sinks.",
+               "embedded": "SmolLM2-135M-Instruct (prompts middle-truncated to its 7500 tokens as LongBench does); "
+                           "cache 2^floor(log2(L/4)) up to 2048, stride 512."},
+        paper_setup="LLaMA3.1-8B/70B Instruct, Qwen2-7B/72B; cache 2^floor(log2(L/4)); stride 512.",
+        metric="score")
+
+
+register("cascade.table9", _lb_impl("LongBench, cache 2^floor(log2(L/4)) (Cascading Table 9)", "cascade.table9"))
+register("cascade.fig9", _lb_impl("LongBench radar of Table 9 (Cascading Fig. 9)", "cascade.fig9"))
+register("cascade.table2", TABLE2)
