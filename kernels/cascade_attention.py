@@ -11,18 +11,37 @@ chunk's own keys enter the cache with their mass. The reference's Triton kernel 
 pass with a running-normaliser approximation (p / (l_i + l_i * steps_left / steps_done)); ours is exact:
 pass 1 is a flash-attention forward that also writes each query's log-sum-exp, pass 2 sums, per key
 block, w[m] * exp2(s - lse[m]) over the queries that can see it (q.k recomputed, no [T, L] matrix).
-The torch reference is the kit's SDPA attention plus its blockwise attention mass.
+The torch reference does both in one fp32 pass over query blocks; tests check it against the kit's
+SDPA attention plus its blockwise attention mass.
 """
 from __future__ import annotations
 
 import torch
 
 from ._common import HAVE_TRITON, LOG2E, backend_for, kernel_for, next_pow2, tl, triton
-from .prefill import attention_mass_ref, prefill_attention
+from .prefill import REF_BLOCK_BYTES, attention_mass_ref, prefill_attention
 
 
-def strided_attention_ref(q, k, v, scale, weights):
-    return prefill_attention(q, k, v, scale), attention_mass_ref(q, k, scale, weights=weights)
+def strided_attention_ref(q, k, v, scale, weights, block_bytes: int = REF_BLOCK_BYTES):
+    """One pass over query blocks (fp32, memory-bounded): each block's probabilities give both its
+    output rows and its share of the mass (the CPU path: q.k is computed once, not twice)."""
+    B, Hq, T, D = q.shape
+    Hkv, L = k.shape[1], k.shape[2]
+    g = Hq // Hkv
+    kf, vf = k.float(), v.float()
+    out = torch.empty(B, Hq, T, D, device=q.device, dtype=torch.float32)
+    mass = torch.zeros(B, Hq, L, device=q.device, dtype=torch.float32)
+    w = weights.to(device=q.device, dtype=torch.float32)
+    block = max(1, block_bytes // max(1, B * Hq * L * 4))
+    for t0 in range(0, T, block):
+        t1 = min(T, t0 + block)
+        qb = q[:, :, t0:t1].float().view(B, Hkv, g, t1 - t0, D)
+        s = torch.einsum("bhgtd,bhld->bhgtl", qb, kf) * scale
+        visible = torch.arange(L, device=q.device) <= torch.arange(L - T + t0, L - T + t1, device=q.device).view(-1, 1)
+        p = torch.softmax(torch.where(visible, s, float("-inf")), -1)
+        out[:, :, t0:t1] = torch.einsum("bhgtl,bhld->bhgtd", p, vf).reshape(B, Hq, t1 - t0, D)
+        mass += torch.einsum("bhgtl,t->bhgl", p, w[t0:t1]).reshape(B, Hq, L)
+    return out.to(q.dtype).transpose(1, 2).reshape(B, T, Hq * D), mass
 
 
 if HAVE_TRITON:

@@ -168,3 +168,16 @@ def test_level_builder_equals_token_loop(S, N, W, selection):
         assert (fast.stored, fast.start, fast.n_seen) == (slow.stored, slow.start, slow.n_seen)
         for x, y in zip(a, b):
             assert torch.equal(x, y), step
+
+
+@pytest.mark.parametrize("T,L", [(13, 29), (16, 16), (1, 40)])
+def test_strided_attention_reference_equals_kit_ops(T, L):
+    """The one-pass reference = the kit's SDPA attention + blockwise attention mass (small query blocks)."""
+    from kernels.prefill import attention_mass_ref, prefill_attention
+
+    g = torch.Generator().manual_seed(T * L)
+    q, k, v = torch.randn(2, 4, T, 16, generator=g), torch.randn(2, 2, L, 16, generator=g), torch.randn(2, 2, L, 16, generator=g)
+    w = torch.rand(T, generator=g)
+    out, mass = strided_attention_ref(q, k, v, 0.3, w, block_bytes=2 * 4 * L * 4 * 3)   # 3 queries per block
+    torch.testing.assert_close(out, prefill_attention(q, k, v, 0.3), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(mass, attention_mass_ref(q, k, 0.3, weights=w), rtol=1e-5, atol=1e-6)
