@@ -71,6 +71,7 @@ class Quest(Method):
     name = "quest"
     Config = QuestConfig
     graph_safe = True  # static shapes, device lengths: the decode step is capturable
+    decode_idempotent = True  # a step writes only its own position (page bounds: min/max)
 
     def setup(self, info, batch, max_len, device, dtype):
         self.info = info

@@ -84,6 +84,7 @@ class TidalDecode(Method):
     name = "tidal"
     Config = TidalConfig
     graph_safe = True  # static shapes, device lengths: the decode step is capturable
+    decode_idempotent = True  # a step writes only its own position
 
     def setup(self, info, batch, max_len, device, dtype):
         self.info = info

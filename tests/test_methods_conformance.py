@@ -223,3 +223,23 @@ def test_the_checks_catch_a_leaky_method():
     assert any("method.acc" in v for v in _violations(leaky, model))
     got, _ = _poisoned_rerun(_Leaky({"name": "full"}), lambda: _Leaky({"name": "full"}), info, model)
     assert not torch.isfinite(got).all()
+
+
+@pytest.mark.parametrize("name,variant", [c for c in CASES if REGISTRY.get(c[0]).decode_idempotent])
+def test_decode_idempotent_claim_holds(name, variant):
+    """A method that says `decode_idempotent` has its CUDA graph warmed up without saving its
+    buffers: running a decode step twice at one position must leave what running it once leaves."""
+    model = tiny_model(6)
+    method = build(OmegaConf.create(cfg_of(name, variant)), ModelInfo.from_hf_config(model.config))
+    eng = Engine(model, method)
+    ids = ids_for(6)
+    eng.reset(2, TOTAL)
+    eng.prefill(ids[:, :PROMPT])
+    position = torch.tensor([PROMPT])
+    states = []
+    with torch.inference_mode():
+        for _ in range(2):
+            eng.decode_logits(ids[:, PROMPT], position)
+            states.append({k: t.clone() for k, t in method.buffers().items() if t is not None})
+    for key in states[0]:
+        assert torch.equal(states[0][key].nan_to_num(0), states[1][key].nan_to_num(0)), f"{name}: {key} changed"
