@@ -142,7 +142,8 @@ class Engine:
     def recompute(self, start: int, end: int) -> None:
         """Re-run cached tokens start..end-1 as a phase "correct" step (no logits, seq_len unchanged):
         the method rewrites their KV densely (TidalDecode's cache correction)."""
-        self.layers(self.history[:, start:end], "correct", start, torch.arange(start, end, device=self.device))
+        ids = self.history[:, start:end].clone()  # layers() writes the history: no self-overlapping copy
+        self.layers(ids, "correct", start, torch.arange(start, end, device=self.device))
 
     # --- prefill / decode ----------------------------------------------------------------------
     def prefill(self, ids: torch.Tensor, logits: str = "last") -> torch.Tensor | None:

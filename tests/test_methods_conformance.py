@@ -243,3 +243,16 @@ def test_decode_idempotent_claim_holds(name, variant):
             states.append({k: t.clone() for k, t in method.buffers().items() if t is not None})
     for key in states[0]:
         assert torch.equal(states[0][key].nan_to_num(0), states[1][key].nan_to_num(0)), f"{name}: {key} changed"
+
+
+@pytest.mark.parametrize("name,variant", CASES)
+def test_batch_equals_one_at_a_time(name, variant):
+    """Sequences batched together (runner.batch_size > 1: equal-length prompts) get exactly what
+    each gets alone: no state crosses the batch dimension."""
+    model = tiny_model(6)
+    info = ModelInfo.from_hf_config(model.config)
+    ids = torch.randint(0, 128, (3, TOTAL), generator=torch.Generator().manual_seed(7))
+    batched = run(model, build(OmegaConf.create(cfg_of(name, variant)), info), ids)
+    for b in range(3):
+        alone = run(model, build(OmegaConf.create(cfg_of(name, variant)), info), ids[b:b + 1])
+        assert (batched[b:b + 1] - alone).abs().max().item() <= 1e-5, b
