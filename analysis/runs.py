@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from runners.results import NOT_HASHED
+from runners.store import read_rows as _store_read_rows
 
 GROUPS = ("method", "task", "model", "runner")
 _MISSING = object()
@@ -86,17 +87,9 @@ def expand(sweeps: list[list[str]], extra: list[str], label) -> list[Cell]:
 # --- the results store -----------------------------------------------------------------------------
 
 def read_rows(path: Path) -> list[dict]:
-    """samples.jsonl rows; a torn last line (a run killed mid-write) is skipped."""
-    if not path.exists():
-        return []
-    out = []
-    for line in path.read_text().splitlines():
-        if line.strip():
-            try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError:
-                pass
-    return out
+    """samples.jsonl rows, one per id, through the run loop's own reader (runners.store.read_rows:
+    a torn last line or a corrupt line is skipped, a duplicate id counted once)."""
+    return _store_read_rows(path)
 
 
 class Store:
