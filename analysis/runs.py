@@ -191,17 +191,18 @@ def same(a: Any, b: Any) -> bool:
 
 
 def expected_samples(config: dict, values: dict[str, Any]) -> int | None:
-    """Samples the run must hold: the task's grid (lengths x depths x rounds/repeats) capped by the
-    cell's task.limit (no limit in the cell = the whole grid); None when the task has no such grid
-    (then a summary means complete)."""
+    """Samples the run must hold: the task's grid (lengths x depths x rounds/repeats), with the cell's
+    task.limit applied per length as the run loop does (tasks.base.Task.limited; no limit in the
+    cell = the whole grid); None when the task has no such grid (then a summary means complete)."""
     task = config.get("task", {})
-    grid = None
+    per_length = None
     if task.get("lengths") and task.get("depths"):
-        grid = len(task["lengths"]) * len(task["depths"]) * int(task.get("rounds") or task.get("repeats") or 1)
+        per_length = len(task["depths"]) * int(task.get("rounds") or task.get("repeats") or 1)
     limit = values.get("task.limit")   # the cell's own limit, not the last launch's (not hashed)
-    if limit is None:
-        return grid
-    return int(limit) if grid is None else min(int(limit), grid)
+    if per_length is None:
+        return None if limit is None else int(limit)
+    n_lengths = len(set(task["lengths"]))
+    return n_lengths * (per_length if limit is None else min(int(limit), per_length))
 
 
 def accuracy(run: Run, metric: str, scale: float) -> float | None:

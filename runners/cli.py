@@ -80,7 +80,7 @@ def _one_line(e: Exception) -> str:
         return f"unknown config key {key!r} (see conf/ for the keys each group takes)"
     if "Could not find" in first:
         # "In 'config': Could not find 'method/foo'" then "Available options in 'method':" + one per line
-        first = first.replace("In 'config': ", "")
+        first = first.replace("In 'config': ", "").replace("In 'hydra/config': ", "")
         if any(line.startswith("Available options") for line in lines):
             i = next(i for i, line in enumerate(lines) if line.startswith("Available options"))
             options = [line for line in lines[i + 1:] if ":" not in line and "=" not in line]
@@ -162,5 +162,6 @@ def _check_data(cfg, seen: set) -> None:
 
 
 def _fail(message: str) -> None:
+    message = " ".join(line.strip() for line in str(message).splitlines() if line.strip())
     print(f"error: {message}", file=sys.stderr)
     sys.exit(ConfigError.exit_code)
