@@ -26,7 +26,7 @@ from runners.engine import Engine
 from tasks import ModelSpec
 from tasks.passkey import Passkey
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.long]   # minutes: `make test-long` and CI, not `make test`
 GOLDEN = Path(__file__).parent / "data" / "golden_smollm2.json"
 
 # Budgets below the 2K prompt so every sparse method really is sparse; NLL budgets below the 300
