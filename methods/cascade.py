@@ -126,8 +126,10 @@ class Cascade(Method):
     name = "cascade"
     Config = CascadeConfig
     # decode: plan, positions and counters derived on the device from the counters and the step's
-    # position; state changes are skipped in the engine's graph warm-up runs (see `begin`)
+    # position. Not idempotent (a step moves the rings and the EMA scores): the engine's graph warm-up
+    # saves and restores buffers(), which hold every piece of state a decode step changes.
     graph_safe = True
+    decode_idempotent = False
 
     def __init__(self, cfg):
         super().__init__(cfg)
@@ -169,16 +171,12 @@ class Cascade(Method):
             raise HarnessError(f"method cascade has no {step.phase!r} step (it keeps no full cache to re-run)")
 
     def _begin_decode(self, step):
-        # The engine runs a graphed step twice before capturing it (warm-up) at the same position:
-        # those runs must not change the cache, or the captured step would start from a later state.
-        self.mutate = not (step.graphed and not torch.cuda.is_current_stream_capturing())
         self.weights = None                                    # prefill-only state does not outlive its step
         L, S = self.layout, self.store
         plan, icp, n_filled, new = L.device_step(S.ctr, step.positions[:1], self.cfg.selection)
         self.plan, self.slot_icp, self.q_pos, self.stage_slot = plan, icp, n_filled.view(1), n_filled.view(1)
         self.lengths = (n_filled + 1).to(torch.int32).expand(self.batch).contiguous()
-        if self.mutate:
-            S.ctr.copy_(new)
+        S.ctr.copy_(new)
         self.host_stale = True
 
     def _begin_prefill(self, step):
@@ -228,14 +226,13 @@ class Cascade(Method):
         out, probs = kernels.decode_attention_mass(rotate(q, cq, sq)[:, :, 0].contiguous(), keys, S.v[layer],
                                                    self.lengths, self.info.scaling, max_length=L.slots)
         self.record(layer, self.lengths)
-        if self.mutate:
-            red = self._reduce(probs)
-            sc = S.score[layer]
-            lo, hi = L.S, L.S + L.cache
-            sc[:, :, lo:hi] = beta * sc[:, :, lo:hi] + (1 - beta) * red[:, :, lo:hi]
-            new_score = (1 - beta) * red.index_select(2, X)
-            cascade_apply(S.k[layer], S.v[layer], sc, S.tok[layer], k, v, new_score, self.step.positions[:1],
-                          self.plan)
+        red = self._reduce(probs)
+        sc = S.score[layer]
+        lo, hi = L.S, L.S + L.cache
+        sc[:, :, lo:hi] = beta * sc[:, :, lo:hi] + (1 - beta) * red[:, :, lo:hi]
+        new_score = (1 - beta) * red.index_select(2, X)
+        cascade_apply(S.k[layer], S.v[layer], sc, S.tok[layer], k, v, new_score, self.step.positions[:1],
+                      self.plan)
         return out.view(q.shape[0], 1, -1)
 
     def _prefill(self, layer, q, k, v, rope):

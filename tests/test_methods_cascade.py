@@ -202,3 +202,36 @@ def test_cache_rules(rule, length, cap, want):
     from methods.cascade import CascadeConfig
 
     assert CascadeConfig.parse({"cache_rule": rule, "cache_size": cap}).cache_for(length) == want
+
+
+def test_graph_warmup_restore_covers_every_state():
+    """The CUDA-graph warm-up (runners/graphs.py) runs a decode step twice for real, then copies back
+    the buffers() it saved (cascade is not decode_idempotent: a step moves the rings and the EMA
+    scores). Emulated on the CPU: after that, decoding goes on exactly as without the warm-up, so no
+    state a decode step changes lives outside buffers(). Prompt and steps cross stride and ring
+    boundaries (stride 8, windows of 4)."""
+    from test_methods_common import tiny_model
+
+    from runners.engine import Engine
+
+    model = tiny_model(2)
+    cfg = OmegaConf.create({"name": "cascade", "sink": 4, "cache_size": 16, "cascades": 4, "stride": 8})
+    ids = torch.randint(0, 128, (2, 45), generator=torch.Generator().manual_seed(3))
+
+    def decode(warm: bool):
+        eng = Engine(model, build(cfg, ModelInfo.from_hf_config(model.config)))
+        eng.reset(2, ids.shape[1])
+        out = [eng.prefill(ids[:, :21])]
+        with torch.inference_mode():
+            for t in range(21, ids.shape[1]):
+                if warm and t in (21, 30, 37):
+                    saved = {n: b.clone() for n, b in eng.method.buffers().items() if b is not None}
+                    for _ in range(2):
+                        eng.decode_logits(ids[:, t], torch.tensor([eng.seq_len]), graphed=True)
+                    for n, b in eng.method.buffers().items():
+                        if n in saved:
+                            b.copy_(saved[n])
+                out.append(eng.decode(ids[:, t]))
+        return torch.stack(out, 1)
+
+    assert torch.equal(decode(True), decode(False))
