@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 
 from ._common import HAVE_TRITON, LOG2E, backend_for, kernel_for, next_pow2, tl, triton
-from .prefill import REF_BLOCK_BYTES, attention_mass_ref, prefill_attention
+from .prefill import REF_BLOCK_BYTES
 
 
 def strided_attention_ref(q, k, v, scale, weights, block_bytes: int = REF_BLOCK_BYTES):

@@ -10,13 +10,13 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-import pytest  # noqa: E402
+import pytest
 
-import kernels  # noqa: E402
-from kernels import _common  # noqa: E402
-from kernels.cascade import cascade_apply, cascade_apply_ref  # noqa: E402
-from kernels.cascade_attention import strided_attention, strided_attention_ref  # noqa: E402
-from methods.stores_cascade import CascadeLayout  # noqa: E402
+import kernels
+from kernels import _common
+from kernels.cascade import cascade_apply, cascade_apply_ref
+from kernels.cascade_attention import strided_attention, strided_attention_ref
+from methods.stores_cascade import CascadeLayout
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 HAVE_KERNELS = kernels.HAVE_TRITON and (torch.cuda.is_available() or _common.interpreter_active())

@@ -12,12 +12,12 @@ import math
 
 import pytest
 import torch
+from omegaconf import OmegaConf
 from test_methods_common import Driver, make, one_thread, rope_for  # noqa: F401
 from tiny_models import tiny
 
 from common.errors import ConfigError
 from methods import ModelInfo, build
-from omegaconf import OmegaConf
 
 
 class Sim:

@@ -19,8 +19,8 @@ import pandas as pd
 
 from analysis import render
 from analysis.catalogue import Impl, register
-from analysis.papers.cascade_render import (MODEL_LABEL, RUN_EXTRA, bars_figure, facts_note, header, multi_stats,
-                                            paper_rows, tables)
+from analysis.papers.cascade_render import (RUN_EXTRA, bars_figure, facts_note, header, multi_stats, paper_rows,
+                                            tables)
 
 STRIDE = 512
 
@@ -105,8 +105,8 @@ LB_LABEL = {"llama31_8b": "LLaMA3.1-8B Instruct", "qwen2_7b": "Qwen2-7B", "smoll
 def _lb_sweeps(profile: str) -> list[list[str]]:
     models, cap = LB_MODELS[profile]
     subsets = ",".join(SUBSETS)
-    return [[f"task=longbench", f"task.subsets={subsets}", f"model={m}", *cascade("quarter", cap)] for m in models] + \
-        [[f"task=longbench", f"task.subsets={subsets}", f"model={m}", "method=bigbird"] for m in models]
+    return [["task=longbench", f"task.subsets={subsets}", f"model={m}", *cascade("quarter", cap)] for m in models] + \
+        [["task=longbench", f"task.subsets={subsets}", f"model={m}", "method=bigbird"] for m in models]
 
 
 def _lb_render(item, impl, df, profile, out):
