@@ -50,15 +50,17 @@ def kmeans(x: torch.Tensor, k: int, iters: int, seed: int = 0, metric: str = "do
     idx = init_indices(G, n, k, seed).to(x.device)
     c = x.gather(1, idx.unsqueeze(-1).expand(G, k, D)).float()
     prev, ran = None, 0
-    xf = x.float()
+    xf = x.float().reshape(G * n, D)
+    base = (torch.arange(G, device=x.device) * k).view(G, 1)   # cluster j of group g -> row g*k + j
     for ran in range(1, max(1, int(iters)) + 1):
         a = assign(x, c, metric, block)
         if prev is not None and torch.equal(a, prev):   # converged: the centroids would not move
             ran -= 1
             break
-        sums = torch.zeros(G, k, D, device=x.device).scatter_add_(1, a.unsqueeze(-1).expand(G, n, D), xf)
-        sizes = torch.zeros(G, k, dtype=torch.long, device=x.device).scatter_add_(1, a, torch.ones_like(a))
+        rows = (a + base).view(-1)
+        sums = torch.zeros(G * k, D, device=x.device).index_add_(0, rows, xf).view(G, k, D)
+        sizes = torch.bincount(rows, minlength=G * k).view(G, k)
         c = torch.where(sizes.unsqueeze(-1) > 0, sums / sizes.clamp(min=1).unsqueeze(-1), c)
         prev = a
-    sizes = torch.zeros(G, k, dtype=torch.long, device=x.device).scatter_add_(1, prev, torch.ones_like(prev))
+    sizes = torch.bincount((prev + base).view(-1), minlength=G * k).view(G, k)
     return c, prev, sizes, ran
