@@ -36,9 +36,15 @@ def assign(x: torch.Tensor, c: torch.Tensor, metric: str = "dot", block: int = 8
     return out
 
 
-def kmeans(x: torch.Tensor, k: int, iters: int, seed: int = 0, metric: str = "dot",
-           block: int = 8192) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
+def kmeans(x: torch.Tensor, k: int, iters: int, seed: int = 0, metric: str = "dot", block: int = 8192,
+           init_period: int | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
     """Cluster G independent sets of n keys, x [G, n, D], into k clusters each.
+
+    `init_period` p: group g starts from the initial indices drawn for group g % p (the caller's
+    groups are (sequence, KV head) with the head fastest: p = KV heads makes a sequence's clusters
+    independent of its place in the batch). None = one draw per group. A group that converged stays
+    put while others iterate (its assignment, hence its centroids, no longer change), so the result
+    of each group does not depend on the others.
 
     Returns (centroids fp32 [G, k, D], assignment int64 [G, n], sizes int64 [G, k], iterations run).
     Every centroid is the mean of the keys assigned to it (the last assignment); a cluster that
@@ -47,7 +53,10 @@ def kmeans(x: torch.Tensor, k: int, iters: int, seed: int = 0, metric: str = "do
         raise ValueError(f"unknown k-means metric {metric!r}; one of {METRICS}")
     G, n, D = x.shape
     k = max(1, min(int(k), n))
-    idx = init_indices(G, n, k, seed).to(x.device)
+    p = G if init_period is None else int(init_period)
+    if G % p:
+        raise ValueError(f"init_period {p} does not divide {G} groups")
+    idx = init_indices(p, n, k, seed).repeat(G // p, 1).to(x.device)
     c = x.gather(1, idx.unsqueeze(-1).expand(G, k, D)).float()
     prev, ran = None, 0
     xf = x.float().reshape(G * n, D)

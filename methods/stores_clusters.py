@@ -48,7 +48,8 @@ class ClusterIndex:
         if c0 + n_clusters > self.max_clusters or t0 + m > self.order.shape[-1]:
             raise RuntimeError(f"cluster index full: {c0}+{n_clusters} clusters of {self.max_clusters}, "
                                f"{t0}+{m} tokens of {self.order.shape[-1]}")
-        cent, assign, sizes, ran = kmeans(keys.reshape(B * Hkv, m, D), n_clusters, iters, seed=seed, metric=metric)
+        cent, assign, sizes, ran = kmeans(keys.reshape(B * Hkv, m, D), n_clusters, iters, seed=seed, metric=metric,
+                                       init_period=Hkv)   # same draws for every sequence: batch-invariant
         k = cent.shape[1]
         perm = torch.sort(assign, dim=-1, stable=True).indices           # positions grouped by cluster
         starts = t0 + torch.cumsum(sizes, -1) - sizes                    # exclusive cumsum

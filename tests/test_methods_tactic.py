@@ -305,3 +305,22 @@ def test_kmeans_is_a_lloyd_fixed_point_with_dot_product_assignment():
     assert int(sizes.sum()) == 900
     assert torch.equal(init_indices(3, 300, 12, 5), init_indices(3, 300, 12, 5))
     assert all(len(set(r.tolist())) == 12 for r in init_indices(3, 300, 12, 5))
+
+
+def test_kmeans_group_result_does_not_depend_on_the_other_groups():
+    """With init_period = KV heads, the clusters of one sequence's heads are the same whether it is
+    clustered alone or batched with others (same initial picks; a converged group stays put while
+    the others iterate). Found by the batch conformance check: one draw per group made a sequence's
+    clusters depend on its place in the batch."""
+    from methods.kmeans import kmeans
+
+    g = torch.Generator().manual_seed(3)
+    hkv = 2
+    x = torch.randn(3 * hkv, 200, 8, generator=g)           # 3 sequences x 2 KV heads, head fastest
+    c, a, sizes, _ = kmeans(x, 10, iters=50, seed=4, init_period=hkv)
+    for b in range(3):
+        cb, ab, sb, _ = kmeans(x[b * hkv:(b + 1) * hkv], 10, iters=50, seed=4, init_period=hkv)
+        assert torch.equal(ab, a[b * hkv:(b + 1) * hkv]) and torch.equal(sb, sizes[b * hkv:(b + 1) * hkv])
+        assert torch.allclose(cb, c[b * hkv:(b + 1) * hkv], atol=1e-6)
+    with pytest.raises(ValueError, match="does not divide"):
+        kmeans(x, 10, iters=5, init_period=4)
