@@ -105,3 +105,39 @@ class Probe:
             out[f"cdf@{k}"] = v / seen[k]
         out["probe_steps"] = len(steps)
         return out
+
+
+def diagnose(m, layer, q1, r, index, counts, est) -> None:
+    """Tactic's per-layer diagnostics (m: the method): exact probabilities of the whole cache, the
+    mass the attended sets obtained, the clustering-optimal reach and the estimated/true normaliser
+    ratio, recorded in m.probe."""
+    probs, lse = m._exact(layer, q1)
+    _, Hq, S = probs.shape
+    g = Hq // m.rows
+    idx, cnt = index.long().repeat_interleave(g, 1), counts.long().repeat_interleave(g, 1)
+    live = torch.arange(idx.shape[-1], device=idx.device) < cnt.unsqueeze(-1)
+    mass = (probs.gather(-1, idx.clamp(max=S - 1)) * live).sum(-1)
+    lp = e_mass = None
+    if r is not None:
+        _, lp, e_mass = m._cluster_k(layer, r, probs)
+    z_ratio = None
+    if est is not None:
+        total, shift = est
+        z_ratio = torch.exp(torch.log(total) + shift - lse)
+    m.probe.record(layer, probs, m.lengths, cnt, mass, lp, e_mass, m.n_e if r is not None else None, z_ratio)
+
+
+def report(m, out: dict) -> dict:
+    """Tactic's stats (m: the method; out: the base stats): attended tokens per head, the per-sample
+    scalars (`sample_metrics`: mean attended, clustering time and events, the probe's metrics) and
+    every clustering event."""
+    out["attended_per_head"] = {layer: [round(float(x), 2) for x in n.float().mean(0)]
+                                for layer, n in sorted(m._heads.items())}
+    t = m.tally.tolist()
+    sample = {"attended": t[0] / t[1] if t[1] else 0.0,
+              "cluster_s": sum(e["seconds"] for e in m.events), "cluster_events": len(m.events)}
+    if m.probe is not None:
+        sample.update(m.probe.metrics())
+    out["sample_metrics"] = sample
+    out["clustering"] = m.events
+    return out

@@ -17,7 +17,7 @@ from omegaconf import OmegaConf
 
 import methods
 
-_REFERENCES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+_REFERENCES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def kl_full_vs_method(full_logits: torch.Tensor, method_logits: torch.Tensor) -> torch.Tensor:

@@ -84,13 +84,13 @@ def _fit_k(method, qh, kh, lst, E, scale):
             ex.update({lst[r]: scale * float(qh @ kh[lst[r]]) for r in wins[-1]})
     m = max(ex.values())
     e = {p: math.exp(v - m) for p, v in ex.items()}
-    curve = lambda x: 0.0  # noqa: E731
+    curve = lambda x: 0.0
     if wins:
         u = [sum(1 / (r + 1) for r in wn) / len(wn) for wn in wins]
         mu = [sum(e[lst[r]] for r in wn) / len(wn) for wn in wins]
         a, b = (mu[0] - mu[1]) / (u[0] - u[1]), None
         a, b = (a, mu[0] - a * u[0]) if a > 0 else (0.0, (mu[0] + mu[1]) / 2)
-        curve = lambda x: max(a / x + b, 0.0)  # noqa: E731
+        curve = lambda x: max(a / x + b, 0.0)
     w = [e[lst[i]] if i < nh else curve(i + 1) for i in range(n)]
     base = sum(e[p] for p in E)
     total = base + sum(w)

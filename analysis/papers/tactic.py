@@ -180,8 +180,8 @@ def value_table(item, impl, df: pd.DataFrame, profile: str, out, notes: str = ""
     mass errors are not percentages), and a grouped bar chart with the intervals."""
     lines = [f"# {item.key}: {impl.title}", "", f"Profile `{profile}`. Ours: {impl.setup.get(profile, '')}",
              f"Paper: {impl.paper_setup}", "",
-             f"Cells read `mean [95% interval]` of the per-sample `{impl.metric}` (normal interval over the "
-             f"cell's n samples); — = no result yet; n = samples per cell.", ""]
+             (f"Cells read `mean [95% interval]` of the per-sample `{impl.metric}` (normal interval over the "
+              f"cell's n samples); — = no result yet; n = samples per cell."), ""]
     cols = list(dict.fromkeys(df["col"]))
     lines.append("| Method | " + " | ".join(str(c) for c in cols) + " | n |")
     lines.append("|" + "---|" * (len(cols) + 2))
