@@ -90,7 +90,7 @@ tactic-fig5: install
 tactic-fig6: install
 	$(ANALYSIS) make tactic.fig6 $(ANALYSIS_OPTS)
 
-# tactic.fig7: error: obtained vs target weight percentage  (not implemented yet: prints why and exits 2)
+# tactic.fig7: error: obtained vs target weight percentage
 tactic-fig7: install
 	$(ANALYSIS) make tactic.fig7 $(ANALYSIS_OPTS)
 
@@ -98,11 +98,11 @@ tactic-fig7: install
 tactic-fig8: install
 	$(ANALYSIS) make tactic.fig8 $(ANALYSIS_OPTS)
 
-# tactic.fig9: KL divergence vs full at 32K prefill, 64 decode steps  (not implemented yet: prints why and exits 2)
+# tactic.fig9: KL divergence vs full at 32K prefill, 64 decode steps
 tactic-fig9: install
 	$(ANALYSIS) make tactic.fig9 $(ANALYSIS_OPTS)
 
-# tactic.fig10: token match length under greedy decoding (max 128)  (not implemented yet: prints why and exits 2)
+# tactic.fig10: token match length under greedy decoding (max 128)
 tactic-fig10: install
 	$(ANALYSIS) make tactic.fig10 $(ANALYSIS_OPTS)
 
@@ -110,7 +110,7 @@ tactic-fig10: install
 tactic-fig11: install
 	$(ANALYSIS) make tactic.fig11 $(ANALYSIS_OPTS)
 
-# tactic.table1-5: RULER 16K/32K/64K: average, NIAH, QA, VT, aggregation  (not implemented yet: prints why and exits 2)
+# tactic.table1-5: RULER 16K/32K/64K: average, NIAH, QA, VT, aggregation
 tactic-table1-5: install
 	$(ANALYSIS) make tactic.table1-5 $(ANALYSIS_OPTS)
 

@@ -58,6 +58,11 @@ def run_batch(engine, task, batch, tokenizer, stop_ids, info):
     if limit is not None and len(first.input_ids) + first.max_new_tokens > limit:
         raise HarnessError(f"sample {first.id}: {len(first.input_ids)} prompt + {first.max_new_tokens} new tokens "
                            f"exceeds the {limit} positions {engine.method.name} can read on this model")
+    if task.mode == "compare":   # the method beside a dense reference engine (Tactic Figs. 9-10)
+        from runners.compare import compare_rows
+
+        yield from compare_rows(engine, task, batch, method_metrics)
+        return
     ids = torch.tensor([s.input_ids for s in batch], dtype=torch.long)
     if task.mode == "nll":
         t0 = time.perf_counter()
@@ -66,8 +71,9 @@ def run_batch(engine, task, batch, tokenizer, stop_ids, info):
         if not torch.isfinite(nll).all():   # NaN/inf logits would poison every mean downstream
             bad = int((~torch.isfinite(nll)).sum())
             raise FloatingPointError(f"{bad} non-finite token NLL(s): NaN or inf logits")
+        extra = method_metrics(engine.method)
         for s, row_nll in zip(batch, nll):
-            yield {"id": s.id, "params": s.params, "metrics": task.score_nll(s, row_nll),
+            yield {"id": s.id, "params": s.params, "metrics": {**task.score_nll(s, row_nll), **extra},
                    "input_tokens": len(s.input_ids), "nll_mode": s.nll_mode, "stride": s.stride,
                    "nll": [round(float(x), 4) for x in row_nll], "attended": engine.method.stats(),
                    "timings": {"nll_s": elapsed}, "batch_size": len(batch), "timestamp": time.time()}
@@ -76,12 +82,20 @@ def run_batch(engine, task, batch, tokenizer, stop_ids, info):
                           temperature=first.temperature, top_p=first.top_p, seed=first.seed,
                           decode_tail=first.decode_tail)
     timings = vars(gen.timings)
+    extra = method_metrics(engine.method)
     for s, toks, reason in zip(batch, gen.tokens, gen.stop_reason):
         text = tokenizer.decode(toks, skip_special_tokens=True)
         yield {"id": s.id, "params": s.params, "prediction": text, "references": s.references,
-               "metrics": task.score(s, text), "input_tokens": len(s.input_ids), "output_tokens": len(toks),
+               "metrics": {**task.score(s, text), **extra}, "input_tokens": len(s.input_ids), "output_tokens": len(toks),
                "stop_reason": reason, "seed": s.seed, "timings": timings, "attended": engine.method.stats(),
                "batch_size": len(batch), "timestamp": time.time()}
+
+
+def method_metrics(method) -> dict:
+    """A method's per-sample scalars (`sample_metrics` in its stats: Tactic's mean attended tokens,
+    obtained mass, oracle budgets), as row metrics `method_<name>` so compact rows keep them."""
+    sample = method.stats().get("sample_metrics") or {}
+    return {f"method_{k}": v for k, v in sample.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
 
 
 def mean_timings(rows):

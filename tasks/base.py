@@ -59,7 +59,7 @@ class ModelSpec:
 
 class Task:
     name: ClassVar[str] = ""
-    mode: ClassVar[str] = "generate"     # "generate" | "nll"
+    mode: ClassVar[str] = "generate"     # "generate" | "nll" | "compare" (runners/compare.py)
 
     def __init__(self, cfg, tokenizer, model: ModelSpec):
         self.cfg = cfg

@@ -1,0 +1,75 @@
+"""Batched Lloyd k-means over key vectors, in torch (the same code on the CPU and the GPU).
+
+Tactic (sec. 3.3) clusters the keys of every head after the prefill: centroids start as randomly
+sampled keys, each key goes to the centroid of HIGHEST DOT PRODUCT (not the nearest in L2), the
+centroids become the means of their keys, repeated until no assignment changes or for at most
+`iters` iterations, one run (no restarts). `metric="cosine"` assigns by the dot product of the
+L2-normalised key and centroid instead (the ClusterKV-style variant); centroids stay plain means.
+
+The random initial keys come from a CPU generator seeded by the caller, then move to the device:
+the same seed picks the same keys on every device, so a CPU run and a CUDA run cluster alike.
+Assignment runs in blocks of keys (`block` x clusters scores at a time), never [n, k] whole: at 128K
+keys and 4K clusters per head the full score matrix would be 2 GiB per head.
+"""
+from __future__ import annotations
+
+import torch
+
+METRICS = ("dot", "cosine")
+
+
+def init_indices(groups: int, n: int, k: int, seed: int) -> torch.Tensor:
+    """k distinct key indices per group, int64 [groups, k], from a CPU generator (device-independent)."""
+    gen = torch.Generator().manual_seed(int(seed))
+    return torch.stack([torch.randperm(n, generator=gen)[:k] for _ in range(groups)])
+
+
+def assign(x: torch.Tensor, c: torch.Tensor, metric: str = "dot", block: int = 8192) -> torch.Tensor:
+    """Index of the best centroid per key: x [G, n, D], c [G, k, D] -> int64 [G, n]."""
+    if metric == "cosine":
+        x = torch.nn.functional.normalize(x.float(), dim=-1).to(x.dtype)
+        c = torch.nn.functional.normalize(c.float(), dim=-1)
+    ct = c.to(x.dtype).transpose(1, 2)
+    out = torch.empty(x.shape[:2], dtype=torch.long, device=x.device)
+    for s in range(0, x.shape[1], block):
+        out[:, s:s + block] = torch.bmm(x[:, s:s + block], ct).argmax(-1)
+    return out
+
+
+def kmeans(x: torch.Tensor, k: int, iters: int, seed: int = 0, metric: str = "dot", block: int = 8192,
+           init_period: int | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
+    """Cluster G independent sets of n keys, x [G, n, D], into k clusters each.
+
+    `init_period` p: group g starts from the initial indices drawn for group g % p (the caller's
+    groups are (sequence, KV head) with the head fastest: p = KV heads makes a sequence's clusters
+    independent of its place in the batch). None = one draw per group. A group that converged stays
+    put while others iterate (its assignment, hence its centroids, no longer change), so the result
+    of each group does not depend on the others.
+
+    Returns (centroids fp32 [G, k, D], assignment int64 [G, n], sizes int64 [G, k], iterations run).
+    Every centroid is the mean of the keys assigned to it (the last assignment); a cluster that
+    ends empty keeps its previous centroid and has size 0 (callers skip it)."""
+    if metric not in METRICS:
+        raise ValueError(f"unknown k-means metric {metric!r}; one of {METRICS}")
+    G, n, D = x.shape
+    k = max(1, min(int(k), n))
+    p = G if init_period is None else int(init_period)
+    if G % p:
+        raise ValueError(f"init_period {p} does not divide {G} groups")
+    idx = init_indices(p, n, k, seed).repeat(G // p, 1).to(x.device)
+    c = x.gather(1, idx.unsqueeze(-1).expand(G, k, D)).float()
+    prev, ran = None, 0
+    xf = x.float().reshape(G * n, D)
+    base = (torch.arange(G, device=x.device) * k).view(G, 1)   # cluster j of group g -> row g*k + j
+    for ran in range(1, max(1, int(iters)) + 1):
+        a = assign(x, c, metric, block)
+        if prev is not None and torch.equal(a, prev):   # converged: the centroids would not move
+            ran -= 1
+            break
+        rows = (a + base).view(-1)
+        sums = torch.zeros(G * k, D, device=x.device).index_add_(0, rows, xf).view(G, k, D)
+        sizes = torch.bincount(rows, minlength=G * k).view(G, k)
+        c = torch.where(sizes.unsqueeze(-1) > 0, sums / sizes.clamp(min=1).unsqueeze(-1), c)
+        prev = a
+    sizes = torch.bincount((prev + base).view(-1), minlength=G * k).view(G, k)
+    return c, prev, sizes, ran

@@ -1,0 +1,393 @@
+"""Tactic (arXiv 2502.12216; no public code: built from the paper, decisions below).
+
+Stages (paper sec. 3): (1) after the prefill, per layer and KV head, k-means over the rotated keys
+(dot-product assignment, random initial keys, at most 10 iterations, one run, `cluster_size` tokens
+per cluster on average: 32); (2) per decode step, clusters ranked by q.centroid, unpacked in that
+order into a sorted token list; (3) Algorithm 1: the first `exact_head` list tokens (N = 128, "the
+initial 128 tokens ... computed directly") are scored exactly, the rest of the exp-score curve
+exp(q.k/sqrt(d)) over the list is modelled as y = a/x + b (x = 1-based list rank), fitted through the
+means of two windows of `fit_window` exactly scored list tokens centred at the fractions `fit_lo`
+and `fit_hi` of the list; the estimated total mass is exact head + fitted tail + the exact set, and
+the budget is the smallest list prefix K whose estimated mass reaches the target fraction P.
+Exact attention then runs over list ranks 0..K-1 plus the exact set (sparse decode over token sets).
+
+Decisions the paper leaves open (methods.md sec. 3.2), all options:
+  * the exact set E: positional `sink` tokens and the recent tokens not yet clustered (the prefill's
+    last `window` tokens and every decoded token). The paper has neither; its "initial 128 tokens"
+    are read as Algorithm 1's N (the head of the sorted list), not as positional sinks (sink = 0).
+  * decoded tokens: the paper clusters once, after the prefill, and decodes at most 128 tokens, so
+    by default decoded tokens stay in E (recluster_every = null). With R set, every R decode steps
+    the tokens that left the window are clustered too: appended as new clusters ("new") or by
+    re-running k-means over everything ("all"). Needed where nothing is prefilled (the PG-19
+    token-by-token protocol of Fig. 6: otherwise every token stays exact and the method is full).
+  * GPU budgets: one set per query head (Algorithm 1's query Q; default) or per KV head shared by its
+    group (`select: kv_head`: clusters ranked by the group's summed centroid probabilities, each
+    query head fits its own curve, the set takes the group's largest K).
+  * `mode`: fit (the method), topk (the fixed budget of Fig. 6: list tokens up to `budget` - |E|),
+    oracle_global (Figs. 3-4: exact top-p by true weight over all tokens, no forced set) and
+    oracle_cluster (Fig. 8's "clustering optimal": exact top-p along the cluster-sorted list).
+Prefill is dense. The current token is always in E. Keys are cached rotated at their positions.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+import torch
+
+import kernels
+from common.errors import ConfigError
+from methods import selection
+from methods.base import Method, register
+from methods.config import ChunkedPrefill, layer_range, option
+from methods.kmeans import METRICS
+from methods.stores import FullStore
+from methods.stores_clusters import ClusterIndex
+from methods.tactic_probe import Probe, diagnose, reach, report
+from methods.tactic_select import (
+    fit_curve,
+    harmonic,
+    list_positions,
+    min_count,
+    per_row,
+    rank,
+    rows_gather_vec,
+    tail_mass,
+    top_p_sorted,
+)
+
+MODES = ("fit", "topk", "oracle_global", "oracle_cluster")
+SELECT = ("query_head", "kv_head")
+
+
+@dataclass(frozen=True)
+class TacticConfig(ChunkedPrefill):
+    """Tactic (arXiv 2502.12216, no public code): k-means clusters of keys after the prefill, clusters
+    ranked by q.centroid, budget = smallest prefix of the cluster-sorted tokens whose estimated
+    attention mass (exact head + fitted y = a/x + b tail) reaches the target fraction."""
+
+    mode: str = option("fit", "fit: Tactic; topk: fixed budget (Fig. 6); oracle_global: exact top-p over all "
+                       "tokens (Figs. 3-4); oracle_cluster: exact top-p along the cluster order (Fig. 8)",
+                       choices=MODES)
+    target: float = option(0.9, "weight percentage P (paper: 0.5/0.7/0.9; 0.99 for token match); 1 = all tokens",
+                           min=0.0, max=1.0)
+    budget: int = option(1024, "topk mode: tokens per set, the exact set included (Fig. 6: 1024)", min=1)
+    cluster_size: int = option(32, "average tokens per cluster: ceil(tokens / cluster_size) clusters (paper 32)",
+                               min=1)
+    kmeans_iters: int = option(10, "k-means iterations at most (stops early when no assignment changes)", min=1)
+    metric: str = option("dot", "k-means assignment: dot (paper) or cosine (normalised keys)", choices=METRICS)
+    seed: int = option(0, "seed of the random initial centroids (CPU generator: same picks on every device)", min=0)
+    select: str = option("query_head", "query_head: one set per query head; kv_head: one set per KV head, "
+                         "shared by its group", choices=SELECT)
+    exact_head: int = option(128, "Algorithm 1's N: the first N tokens of the sorted list are scored exactly",
+                             min=0)
+    fit_lo: float = option(0.02, "centre of the first fit window, as a fraction of the sorted list "
+                           "(clamped into the tail after the exact head)", min=0.0, max=1.0)
+    fit_hi: float = option(0.5, "centre of the second fit window (fraction of the sorted list)", min=0.0, max=1.0)
+    fit_window: int = option(16, "list tokens scored exactly and averaged per fit window", min=1)
+    sink: int = option(0, "first tokens always attended and scored exactly (not clustered)", min=0)
+    window: int = option(0, "last prefill tokens kept exact, out of the clusters (decoded tokens always are "
+                         "until clustered)", min=0)
+    recluster_every: int | None = option(None, "cluster the tokens that left the window every R decode steps "
+                                         "(null = never: the paper clusters once, after the prefill)", min=1)
+    recluster: str = option("new", "new: the new tokens become new clusters; all: k-means again over "
+                            "every clusterable token", choices=("new", "all"))
+    dense_layers: int = option(0, "layers 0..dense_layers-1 dense (paper: none, every layer is sparse)", min=0)
+    diagnostics: bool = option(False, "record exact-attention statistics per step (mass obtained, oracle "
+                               "budgets, CDFs; one more dense pass per layer, no CUDA graph)")
+    probe_layer: int | None = option(None, "diagnostics: the layer of the recorded CDFs (null = all)", min=0)
+    probe_head: int | None = option(None, "diagnostics: the query head of the recorded CDFs (null = all)", min=0)
+
+    def check(self, info):
+        layer_range("dense_layers", self.dense_layers, info)
+        layer_range("probe_layer", self.probe_layer, info)
+        if self.probe_head is not None and self.probe_head >= info.num_heads:
+            raise ConfigError(f"method.probe_head={self.probe_head} is outside [0, {info.num_heads}) for this "
+                              f"{info.num_heads}-head model")
+        if self.fit_lo >= self.fit_hi:
+            raise ConfigError(f"method.fit_lo={self.fit_lo} must be below method.fit_hi={self.fit_hi}")
+
+    def describe(self):
+        per = "query head" if self.select == "query_head" else "KV head (shared by its group)"
+        what = {"fit": f"smallest cluster-sorted prefix with estimated mass >= {self.target}",
+                "topk": f"{self.budget} tokens (exact set included) in cluster order",
+                "oracle_global": f"exact top-p {self.target} by attention weight over all tokens",
+                "oracle_cluster": f"exact top-p {self.target} along the cluster order"}[self.mode]
+        return {"budget_unit": f"tokens per {per}", "selection": what,
+                "exact_set": f"{self.sink} sinks + the last {self.window} prefill tokens + every decoded token "
+                             f"not yet clustered; always attended, counted in the budget",
+                "fit": (f"exact head {self.exact_head} list tokens; y=a/x+b on exp(q.k/sqrt(d)), x = 1-based list "
+                        f"rank, through the means of {self.fit_window} tokens at {self.fit_lo}/{self.fit_hi} "
+                        f"of the list") if self.mode == "fit" else None,
+                "clustering": f"k-means ({self.metric}) after the prefill, {self.cluster_size} tokens per cluster, "
+                              f"<= {self.kmeans_iters} iterations" + (f", again every {self.recluster_every} steps "
+                                                                       f"({self.recluster})" if self.recluster_every
+                                                                       else ", decoded tokens never clustered"),
+                "dense_layers": self.dense_layers, "prefill": "dense"}
+
+    @classmethod
+    def variants(cls):
+        small = {"cluster_size": 4, "exact_head": 4, "fit_window": 2}
+        # seed 1 in the 2nd: seed 0 makes two clusters tie exactly in fp32 alone, broken the other way batched
+        return [{**small, "target": 0.7},
+                {**small, "mode": "topk", "budget": 16, "select": "kv_head", "sink": 2, "window": 3, "seed": 1,
+                 "recluster_every": 6},
+                {"mode": "oracle_global", "target": 0.8, "select": "kv_head"},
+                {**small, "mode": "oracle_cluster", "target": 0.8, "cluster_size": 5, "recluster": "all",
+                 "recluster_every": 7, "prefill_chunk": 16, "dense_layers": 1},
+                {**small, "target": 0.9, "exact_head": 2, "select": "kv_head", "metric": "cosine",
+                 "diagnostics": True}]
+
+    def full_equivalent(self, context):
+        return {"budget": max(self.budget, context)} if self.mode == "topk" else {"target": 1.0}
+
+
+@register
+class Tactic(Method):
+    name = "tactic"
+    Config = TacticConfig
+    graph_safe = True   # static shapes between clustering events; each event moves `epoch` (re-capture)
+
+    def __init__(self, cfg):
+        super().__init__(cfg)
+        self.graph_safe = not self.cfg.diagnostics   # diagnostics sum on the host every layer
+        self.probe = Probe(self.cfg.target, self.cfg.probe_layer, self.cfg.probe_head) if self.cfg.diagnostics else None
+
+    # --- storage and clustering --------------------------------------------------------------------
+    def setup(self, info, batch, max_len, device, dtype):
+        c = self.cfg
+        self.info, self.batch, self.cap = info, batch, max_len
+        self.store = getattr(self, "store", None) or FullStore()  # reuse: a captured graph points at it
+        self.store.allocate(info.num_layers, batch, info.num_kv_heads, max_len, info.head_dim, device, dtype)
+        events = 1 + (max_len // c.recluster_every if c.recluster_every else 0)
+        cmax = max_len // c.cluster_size + events + 1
+        self.index = getattr(self, "index", None) or ClusterIndex()
+        self.index.allocate(info.num_layers, batch, info.num_kv_heads, cmax, max_len, info.head_dim, device, dtype)
+        self.harm = harmonic(max_len, device)
+        self.tally = torch.zeros(2, device=device)              # sum of mean attended per layer-step, count
+        # A graph replays host ints (cluster counts, spans) as constants: every clustering event (and
+        # every new sequence) declares a new slice of `epochs`, so the engine re-captures.
+        if getattr(self, "epochs", None) is None or self.epochs.device != torch.device(device):
+            self.epochs = torch.zeros(2, device=device)
+        self._epoch = getattr(self, "_epoch", 0) + 1
+        self.rows = info.num_heads if c.select == "query_head" else info.num_kv_heads
+        self.ce, self.n_clu, self.n_tok = c.sink, 0, 0           # positions [sink, ce) are clustered
+        self._fresh = False
+        self.events: list[dict] = []
+        self._heads: dict[int, torch.Tensor] = {}
+        if self.probe is not None:
+            self.probe.reset()
+
+    def buffers(self):
+        return {**self.store.buffers(), **self.index.buffers(), "harm": self.harm, "tally": self.tally,
+                "epoch": self.epochs[self._epoch % 2:self._epoch % 2 + 1]}
+
+    def _cluster(self, limit: int) -> None:
+        """Cluster positions [ce, limit) as new clusters ("new"), or [sink, limit) afresh ("all")."""
+        c = self.cfg
+        first, c0, t0 = (c.sink, 0, 0) if c.recluster == "all" else (self.ce, self.n_clu, self.n_tok)
+        m = limit - first
+        if limit <= self.ce or m <= 0 or c.mode == "oracle_global":   # the global oracle ranks tokens, not clusters
+            return
+        cuda = self.store.k.is_cuda
+        if cuda:
+            torch.cuda.synchronize()
+        t = time.perf_counter()
+        made, iters = 0, []
+        for layer in range(c.dense_layers, self.info.num_layers):
+            keys = self.store.k[layer, :, :, first:limit]
+            made, ran = self.index.add(layer, keys, first, c0, t0, math.ceil(m / c.cluster_size), c.kmeans_iters,
+                                       c.metric, seed=c.seed * 1_000_003 + layer * 1009 + first)
+            iters.append(ran)
+        if cuda:
+            torch.cuda.synchronize()
+        self.n_clu, self.n_tok, self.ce = c0 + made, t0 + m, limit
+        self._epoch += 1
+        self.events.append({"tokens": m, "clusters": made, "iterations_max": max(iters, default=0),
+                            "seconds": time.perf_counter() - t})
+
+    def correction_span(self, seq_len):
+        """The engine's host hook after every decode step (also under CUDA graphs): re-clustering."""
+        R = self.cfg.recluster_every
+        if R and seq_len - self.cfg.window - self.ce >= R:
+            self._cluster(seq_len - self.cfg.window)
+
+    # --- one step --------------------------------------------------------------------------------
+    def begin(self, step):
+        super().begin(step)
+        c = self.cfg
+        self.lengths = self.device_lengths(step, self.batch)
+        if step.phase != "decode":
+            self._fresh = True          # cluster what this prefill added, before the next decode step
+            return
+        if self._fresh:
+            self._fresh = False
+            self._cluster(step.start - c.window)
+        if self.probe is not None:
+            self.probe.new_step()
+        self.selected = {}
+        if not self.n_tok:
+            return
+        dev = self.lengths.device
+        # The exact set E as slots: sinks [0, sink) then [ce, cap); valid (written) ones form a prefix.
+        self.e_max = c.sink + self.cap - self.ce
+        j = torch.arange(self.e_max, device=dev)
+        self.e_pos = torch.where(j < c.sink, j, j - c.sink + self.ce)
+        self.e_valid = self.e_pos.view(1, -1) < self.lengths.view(-1, 1).long()        # [B, Emax]
+        self.n_e = self.e_valid.sum(-1)                                                # [B]
+        self.clu_len = torch.full((self.batch,), self.n_clu, dtype=torch.int32, device=dev)
+        # Algorithm 1's exactly scored list ranks: the head, then the two fit windows (host ints)
+        self.n_head = min(c.exact_head, self.n_tok)
+        ranks = [torch.arange(self.n_head, device=dev)]
+        self.u = None
+        if self.n_tok > self.n_head:
+            w = min(c.fit_window, self.n_tok - self.n_head)
+            starts = [min(max(int(f * self.n_tok) - w // 2, self.n_head), self.n_tok - w) for f in (c.fit_lo, c.fit_hi)]
+            self.u = [sum(1.0 / (r + 1) for r in range(s, s + w)) / w for s in starts]
+            self.w = w
+            ranks += [torch.arange(s, s + w, device=dev) for s in starts]
+        self.samp = torch.cat(ranks)
+        self.m_len = torch.full((self.batch,), self.e_max + self.samp.numel(), dtype=torch.int32, device=dev)
+
+    def attend(self, layer, q, k, v, rope):
+        step, c, scale = self.step, self.cfg, self.info.scaling
+        q = rope.apply(q, step.positions)
+        k = rope.apply(k, step.positions)
+        self.store.write(layer, step.positions, k, v)
+        if step.phase != "decode":
+            keys, values = self.store.view(layer, step.end)
+            return kernels.prefill_attention(q, keys, values, scale)
+        B = q.shape[0]
+        q1, keys, values = q[:, :, 0].contiguous(), self.store.k[layer], self.store.v[layer]
+        if layer < c.dense_layers or (not self.n_tok and c.mode != "oracle_global"):
+            self._count(layer, self.lengths.view(B, 1).expand(B, self.rows))
+            return kernels.decode_attention(q1, keys, values, self.lengths, scale,
+                                            max_length=self.store.capacity).view(B, 1, -1)
+        index, counts = self.select(layer, q1)
+        self._count(layer, counts)
+        return kernels.sparse_decode_tokens(q1, keys, values, index, counts, scale).view(B, 1, -1)
+
+    def _count(self, layer, counts):
+        self.record(layer, counts)
+        self._heads[layer] = counts
+        self.tally += torch.stack([counts.float().mean(), torch.ones((), device=counts.device)])
+
+    # --- selection ---------------------------------------------------------------------------------
+    def select(self, layer: int, q1: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Token sets (int32 [B, H, Kmax], counts [B, H]) for the rotated decode query q1 [B, Hq, D]."""
+        c = self.cfg
+        if c.mode == "oracle_global":
+            return self._global(layer, q1)
+        r = self._rank(layer, q1)
+        B, H = q1.shape[0], self.rows
+        est = None
+        if c.target >= 1.0 and c.mode != "topk":
+            k_row = torch.full((B, H), self.n_tok, dtype=torch.long, device=q1.device)
+        elif c.mode == "topk":
+            k_row = (c.budget - self.n_e).clamp(0, self.n_tok).view(B, 1).expand(B, H)
+        elif c.mode == "fit":
+            k_heads, est = self._fit(layer, q1, r)
+            k_row = per_row(k_heads, H)
+        else:
+            probs, _ = self._exact(layer, q1)
+            k_row = per_row(self._cluster_k(layer, r, probs)[0], H)
+        index, counts = self._index(layer, r, k_row)
+        self.selected[layer] = (index, counts)
+        if self.probe is not None:
+            diagnose(self, layer, q1, r, index, counts, est)
+        return index, counts
+
+    def _rank(self, layer, q1):
+        """Clusters ranked per row by q.centroid (per query head, or the group's summed probabilities)."""
+        c, n = self.cfg, self.n_clu
+        cent = self.index.cent[layer]
+        _, s = kernels.selection_attention(q1, cent, cent, self.clu_len, self.info.scaling, max_length=n)
+        B, Hq, _ = s.shape
+        Hkv = self.info.num_kv_heads
+        csize = self.index.csize[layer][..., :n]
+        s = s.view(B, Hkv, Hq // Hkv, n).masked_fill((csize == 0).unsqueeze(2), float("-inf")).view(B, Hq, n)
+        if c.select == "kv_head":
+            s = selection.group_reduce(s, Hkv, "softmax_sum", self.info.scaling)
+        return rank(s, csize)
+
+    def _fit(self, layer, q1, r):
+        """Algorithm 1 per query head: (K [B, Hq] list tokens, (estimated total, shift) for diagnostics)."""
+        c, scale = self.cfg, self.info.scaling
+        B, H = q1.shape[0], self.rows
+        keys = self.store.k[layer]
+        pos_s = list_positions(self.samp, r, self.index.cstart[layer], self.index.order[layer])
+        pos_e = torch.where(self.e_valid, self.e_pos.view(1, -1), 0).view(B, 1, -1).expand(B, H, -1)
+        kg = rows_gather_vec(keys, torch.cat([pos_e, pos_s], -1))
+        _, s = kernels.selection_attention(q1, kg, kg, self.m_len, scale, max_length=kg.shape[2])
+        E = self.e_max
+        z = s * scale
+        z[..., :E] = z[..., :E].masked_fill(~self.e_valid.view(B, 1, E), float("-inf"))
+        shift = z.amax(-1, keepdim=True)                     # the current token is in E: finite
+        e = torch.exp(z - shift)
+        z_e = e[..., :E].sum(-1)
+        nh = self.n_head
+        head_cum = torch.cat([torch.zeros_like(z_e).unsqueeze(-1), e[..., E:E + nh].cumsum(-1)], -1)
+        if self.u is not None:
+            w = self.w
+            a, b = fit_curve(self.u[0], e[..., E + nh:E + nh + w].mean(-1), self.u[1], e[..., E + nh + w:].mean(-1))
+
+        def mass_at(k):
+            h = head_cum.gather(-1, k.clamp(max=nh).unsqueeze(-1)).squeeze(-1)
+            return z_e + h + (tail_mass(a, b, nh, k, self.harm) if self.u is not None else 0.0)
+
+        total = mass_at(torch.full_like(z_e, self.n_tok, dtype=torch.long))
+        return min_count(mass_at, c.target * total, self.n_tok), (total, shift.squeeze(-1))
+
+    def _exact(self, layer, q1):
+        """Exact attention probabilities over the whole cache [B, Hq, S] and log-sum-exp of scaled scores."""
+        scale = self.info.scaling
+        _, s = kernels.selection_attention(q1, self.store.k[layer], self.store.v[layer], self.lengths, scale,
+                                           max_length=self.store.capacity)
+        z = s * scale
+        lse = torch.logsumexp(z, -1)
+        return torch.exp(z - lse.unsqueeze(-1)), lse
+
+    def _cluster_k(self, layer, r, probs):
+        """Clustering optimal per query head: fewest list tokens reaching the target with E (exact
+        probabilities); also (the list's probabilities [B, Hq, n], E's mass [B, Hq])."""
+        B, Hq, _ = probs.shape
+        pos = list_positions(torch.arange(self.n_tok, device=probs.device), r, self.index.cstart[layer],
+                             self.index.order[layer]).repeat_interleave(Hq // self.rows, 1)
+        lp = probs.gather(-1, pos)
+        e_mass = (probs.gather(-1, self.e_pos.view(1, 1, -1).expand(B, Hq, -1)) * self.e_valid.view(B, 1, -1)).sum(-1)
+        return reach(e_mass, lp.cumsum(-1), self.cfg.target, self.n_tok), lp, e_mass
+
+    def _global(self, layer, q1):
+        """Global optimal: per row, the fewest tokens by descending true weight reaching the target."""
+        c = self.cfg
+        probs, _ = self._exact(layer, q1)
+        B, Hq, S = probs.shape
+        rank_by = probs if self.rows == Hq else probs.view(B, self.rows, Hq // self.rows, S).sum(2)
+        live = torch.arange(S, device=probs.device).view(1, 1, S) < self.lengths.view(B, 1, 1)
+        order = torch.where(live, rank_by, -1.0).sort(dim=-1, descending=True, stable=True).indices  # unwritten last
+        if c.target >= 1.0:
+            k_row = self.lengths.view(B, 1).expand(B, self.rows).long()
+        else:
+            along = probs.gather(-1, order.repeat_interleave(Hq // self.rows, 1))
+            k_row = per_row(top_p_sorted(along, c.target), self.rows)
+        counts = torch.minimum(k_row, self.lengths.view(B, 1).long()).int()
+        index = order.int()
+        self.selected[layer] = (index, counts)
+        if self.probe is not None:
+            diagnose(self, layer, q1, None, index, counts, None)
+        return index, counts
+
+    def _index(self, layer, r, k_row):
+        """List ranks 0..K-1 then the valid exact set, per row: (int32 [B, H, n + Emax], counts [B, H])."""
+        B = k_row.shape[0]
+        kmax = self.n_tok + self.e_max
+        j = torch.arange(kmax, device=k_row.device)
+        pos_list = list_positions(j.clamp(max=self.n_tok - 1), r, self.index.cstart[layer], self.index.order[layer])
+        je = (j.view(1, 1, -1) - k_row.unsqueeze(-1)).clamp(0, self.e_max - 1)
+        index = torch.where(j.view(1, 1, -1) < k_row.unsqueeze(-1), pos_list, self.e_pos[je])
+        return index.int(), (k_row + self.n_e.view(B, 1)).int()
+
+    # --- reporting ---------------------------------------------------------------------------------
+    def stats(self):
+        return report(self, super().stats())
