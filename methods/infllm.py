@@ -34,17 +34,14 @@ from methods.stores_blocks import BlockMemory, WindowRing
 
 
 @dataclass(frozen=True)
-class InfLLMConfig(MethodConfig):
-    """InfLLM (thunlp/InfLLM): sinks + local window + retrieved blocks of evicted tokens at a fixed
-    distance, blocks offloaded to host memory behind an LRU GPU cache. Defaults: config/llama-3-inf-llm.yaml."""
+class MemoryConfig(MethodConfig):
+    """The context-memory options InfLLM and Ltri-LLM share."""
 
     n_init: int = option(128, "initial tokens (attention sinks), attended as memory at the fixed distance", min=0)
     n_local: int = option(4096, "local window: the last n_local tokens (the query itself included) at real "
                           "relative positions", min=1)
     block_size: int = option(128, "tokens per memory block", min=1)
     topk: int = option(16, "blocks retrieved per execution chunk or decode step", min=1)
-    repr_topk: int = option(4, "representative tokens per block and query head (most local attention received); "
-                            "the block's index key is their mean", min=1)
     exc_block_size: int = option(512, "execution chunk: prompt tokens sharing one retrieval (the prefill chunk)",
                                  min=1)
     max_cached_block: int = option(32, "GPU-resident blocks per layer and sequence (LRU cache) when offloading",
@@ -69,8 +66,6 @@ class InfLLMConfig(MethodConfig):
         if self.exc_block_size > self.n_local:
             raise ConfigError(f"method.exc_block_size={self.exc_block_size} exceeds method.n_local={self.n_local} "
                               f"(InfLLM asserts exc_block_size <= n_local)")
-        if self.repr_topk > self.block_size:
-            raise ConfigError(f"method.repr_topk={self.repr_topk} exceeds method.block_size={self.block_size}")
         need = self.topk * (info.num_kv_heads if self.per_head else 1)
         if self.offload and self.max_cached_block < need:
             raise ConfigError(f"method.max_cached_block={self.max_cached_block} is below the {need} blocks one "
@@ -87,15 +82,29 @@ class InfLLMConfig(MethodConfig):
                 "offload": f"host memory, {self.max_cached_block} blocks GPU-cached (LRU)" if self.offload
                 else "none (all blocks on the GPU)", "dense_layers": 0}
 
+    def full_equivalent(self, context):
+        return {"n_local": max(self.n_local, context)}
+
+
+@dataclass(frozen=True)
+class InfLLMConfig(MemoryConfig):
+    """InfLLM (thunlp/InfLLM): sinks + local window + retrieved blocks of evicted tokens at a fixed
+    distance, blocks offloaded to host memory behind an LRU GPU cache. Defaults: config/llama-3-inf-llm.yaml."""
+
+    repr_topk: int = option(4, "representative tokens per block and query head (most local attention received); "
+                            "the block's index key is their mean", min=1)
+
+    def check(self, info):
+        super().check(info)
+        if self.repr_topk > self.block_size:
+            raise ConfigError(f"method.repr_topk={self.repr_topk} exceeds method.block_size={self.block_size}")
+
     @classmethod
     def variants(cls):
         return [{"n_init": 4, "n_local": 8, "block_size": 4, "topk": 2, "repr_topk": 2, "exc_block_size": 8,
                  "max_cached_block": 3},
                 {"n_init": 2, "n_local": 10, "block_size": 3, "topk": 3, "repr_topk": 1, "exc_block_size": 7,
                  "per_head": True, "offload": False, "memory_distance": 6, "remainder_visibility": "query"}]
-
-    def full_equivalent(self, context):
-        return {"n_local": max(self.n_local, context)}
 
 
 @register
@@ -180,6 +189,7 @@ class InfLLM(Method):
         pos = step.positions
         q_rot, k_rot = rope.apply(q, pos), rope.apply(k, pos)
         self.ring.write(layer, self.new_slots, k, k_rot, v)
+        self.q_rot = q_rot                          # the step's queries at their positions (Ltri's query spans)
         q_mem = self._rotate_mem(q, rope)
         n_mem = self.fill_memory(layer, q_mem)
         ring = self.ring
@@ -192,6 +202,7 @@ class InfLLM(Method):
             out, lse = merge_attention([(out_l, lse_l), (out_g, lse_g)])
             raw = self.scratch.index_select(-1, self.local_slots)
             mass = torch.where(torch.isfinite(raw), torch.exp(raw * scale - lse.unsqueeze(-1)), 0.0)
+            self.observe(layer, q_rot, lse.unsqueeze(-1), raw)
             self.record(layer, self.local_pos.numel() + n_mem)
             out = out.view(B, 1, Hq * D)
         else:
@@ -204,10 +215,15 @@ class InfLLM(Method):
                                                 self.memory_positions(n_mem, q.device), dmin, FAR)
             out, lse = merge_attention([(out_l, lse_l), (out_g, lse_g)])
             mass = window_mass(q_rot, kl, scale, pos, self.local_pos, lse, 0, c.n_local - 1)
+            self.observe(layer, q_rot, lse, None)
             out = out.transpose(1, 2).reshape(B, T, Hq * D)
         ring.score[layer].index_add_(2, self.local_slots, mass)
         self.after_step(layer, q_mem)
         return out
+
+    def observe(self, layer, q_rot, lse, raw_local) -> None:
+        """After the attention of a step: q_rot [B, Hq, T, D], the merged lse [B, Hq, T], in decode the raw
+        local logits at local_slots [B, Hq, n]. InfLLM needs nothing more (Ltri-LLM records its map)."""
 
     def memory_positions(self, n_mem: int, device) -> torch.Tensor:
         """Positions of the memory prefix, for the per-query remainder mask: sinks and blocks are out of

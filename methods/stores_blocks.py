@@ -155,3 +155,70 @@ class BlockMemory:
 
     def host_bytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.host_k + self.host_v)
+
+
+class IndexVectors:
+    """Ltri-LLM's span index vectors, per indexing layer and sequence: a pool vec [B, cap, dim] (model
+    dtype) with the span of each vector, span_of [B, cap], and the block of each span, span_block
+    [B, cap_spans]; the counts live on the host. A pool grows by an eighth (at least 256 rows) when full
+    and is kept across samples, so the device memory it holds follows what it stores (ltri.table4 measures
+    it) instead of a worst-case preallocation."""
+
+    def __init__(self):
+        self.vec: dict[int, torch.Tensor] = {}
+        self.span_of: dict[int, torch.Tensor] = {}
+        self.span_block: dict[int, torch.Tensor] = {}
+
+    def allocate(self, dims: dict[int, int], batch: int, device, dtype) -> None:
+        """`dims`: indexing layer -> vector dimension."""
+        for layer in list(self.vec):
+            v = self.vec[layer]
+            if layer not in dims or v.shape[0] != batch or v.shape[2] != dims[layer] or v.dtype != dtype \
+                    or v.device != torch.device(device):
+                del self.vec[layer], self.span_of[layer], self.span_block[layer]
+        self.dims, self.batch, self.device, self.dtype = dict(dims), batch, torch.device(device), dtype
+        self.count = {layer: [0] * batch for layer in dims}
+        self.spans = {layer: [0] * batch for layer in dims}
+
+    @staticmethod
+    def _grown(t: torch.Tensor | None, rows: int, shape_tail, dtype, device) -> torch.Tensor:
+        cap = 0 if t is None else t.shape[1]
+        if rows <= cap:
+            return t
+        new_cap = max(rows, cap + max(256, cap // 8))
+        with torch.inference_mode(False):
+            new = torch.empty((shape_tail[0], new_cap, *shape_tail[1:]), dtype=dtype, device=device)
+        if t is not None:
+            new[:, :cap] = t
+        return new
+
+    def add(self, layer: int, b: int, block: int, vectors: torch.Tensor, span_local: torch.Tensor,
+            n_spans: int) -> None:
+        """Vectors [n, dim] of block `block`, belonging to its spans 0..n_spans-1 (span_local [n])."""
+        n0, s0 = self.count[layer][b], self.spans[layer][b]
+        n, dim = vectors.shape
+        B = self.batch
+        self.vec[layer] = self._grown(self.vec.get(layer), n0 + n, (B, dim), self.dtype, self.device)
+        self.span_of[layer] = self._grown(self.span_of.get(layer), n0 + n, (B,), torch.long, self.device)
+        self.span_block[layer] = self._grown(self.span_block.get(layer), s0 + n_spans, (B,), torch.long, self.device)
+        self.vec[layer][b, n0:n0 + n] = vectors.to(self.dtype)
+        self.span_of[layer][b, n0:n0 + n] = span_local.to(self.device) + s0
+        self.span_block[layer][b, s0:s0 + n_spans] = block
+        self.count[layer][b] += n
+        self.spans[layer][b] += n_spans
+
+    def view(self, layer: int, b: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        n, s = self.count[layer][b], self.spans[layer][b]
+        return self.vec[layer][b, :n], self.span_of[layer][b, :n], self.span_block[layer][b, :s]
+
+    def buffers(self) -> dict[str, torch.Tensor]:
+        out = {}
+        for layer in self.vec:
+            out[f"index_vec{layer}"] = self.vec[layer]
+            out[f"index_span_of{layer}"] = self.span_of[layer]
+            out[f"index_span_block{layer}"] = self.span_block[layer]
+        return out
+
+    def device_bytes(self) -> int:
+        return sum(t.numel() * t.element_size() for d in (self.vec, self.span_of, self.span_block)
+                   for t in d.values() if t.device.type != "cpu" or self.device.type == "cpu")
