@@ -53,6 +53,9 @@ class MemoryConfig(MethodConfig):
     memory_distance: int | None = option(None, "distance of every memory token from the query; null = n_local - 1 "
                                          "(InfLLM's apply_rotary_pos_emb_one_angle(q, n_local) takes row n_local-1)",
                                          min=0)
+    evidence: str = option("off", "the sample's needle (a task param span, e.g. niah): record = per layer and decode "
+                           "step, the share of its tokens the step attends (ltri.fig1-2); inject = also force the "
+                           "blocks holding it into every retrieval (ltri.table1)", choices=("off", "record", "inject"))
     remainder_visibility: str = option(
         "chunk", "chunk: each query of an execution chunk sees every evicted, not yet blocked token out of the "
         "chunk's LAST query's window, also ones inside its own window (InfLLM's code: its complement mask never "
@@ -140,6 +143,8 @@ class InfLLM(Method):
         self.buf_blocks = [[[[None] * c.topk for _ in range(self.units)] for _ in range(batch)] for _ in range(L)]
         self.selected = [None] * L        # the last retrieval per layer: [B][units][ids]
         self.formed_blocks = 0            # blocks formed (identical for every layer after a step)
+        self.needle = None                # [(start, end)] per sequence, from set_samples
+        self.recall = {layer: [] for layer in range(L)}
 
     def setup_index(self, info, batch, device, dtype):
         """Block index keys: one representative per (block, query head)."""
@@ -233,14 +238,46 @@ class InfLLM(Method):
             pos[n_mem - self.rem_len:] = torch.arange(self.rem_start, self.rem_start + self.rem_len, device=device)
         return pos
 
+    # --- the needle: recall and injection (Ltri-LLM section 2) -----------------------------------
+    def set_samples(self, params: list[dict]) -> None:
+        """Called by the run loop before a batch: the needle's token span per sequence, if the task gives one."""
+        spans = [(p.get("needle_token"), p.get("needle_end")) for p in params]
+        self.needle = spans if self.cfg.evidence != "off" and all(a is not None and b for a, b in spans) else None
+        self.recall = {layer: [] for layer in range(self.info.num_layers)} if self.info else {}
+
+    def inject(self, sel: list[list[list[int]]]) -> list[list[list[int]]]:
+        """The blocks holding the needle first, then the retrieval's own, cut to its length."""
+        c, out = self.cfg, []
+        for b, units in enumerate(sel):
+            s, e = self.needle[b]
+            lo, hi = max(0, s - c.n_init) // c.block_size, (e - 1 - c.n_init) // c.block_size
+            must = [i for i in range(lo, hi + 1) if 0 <= i < self.n_blocks and e > c.n_init]
+            out.append([(must + [x for x in u if x not in must])[:len(u)] for u in units])
+        return out
+
+    def record_recall(self, layer: int, sel) -> None:
+        """Share of the needle's tokens this decode step attends (window, sinks, retrieved blocks, remainder)."""
+        c, p = self.cfg, self.step.start
+        vals = []
+        for b, (s, e) in enumerate(self.needle):
+            blocks = set(x for u in sel[b] for x in u) if sel else set()
+            seen = sum(1 for t in range(s, e) if t > p - c.n_local or t < self.init_len
+                       or self.rem_start <= t < self.rem_start + self.rem_len
+                       or (t >= c.n_init and (t - c.n_init) // c.block_size in blocks))
+            vals.append(seen / max(1, e - s))
+        self.recall[layer].append(sum(vals) / len(vals))
+
     # --- memory: retrieval, cache, the contiguous memory buffer ----------------------------------
     def fill_memory(self, layer: int, q_mem: torch.Tensor) -> int:
         """Retrieve and lay out this step's memory in buf_k/buf_v[layer]: [sinks | blocks | remainder];
         returns its length."""
         c = self.cfg
         n_sel = 0
+        sel = None
         if self.n_blocks > 0:
             sel = self.select(layer, q_mem)
+            if self.needle is not None and c.evidence == "inject":
+                sel = self.inject(sel)
             self.selected[layer] = sel
             n_sel = len(sel[0][0])
             for b in range(self.batch):
@@ -248,6 +285,8 @@ class InfLLM(Method):
                 slots = self.memory.ensure(layer, b, wanted)
                 for u in range(self.units):
                     self._arrange(layer, b, u, sel[b][u], slots)
+        if self.needle is not None and self.step.phase == "decode":
+            self.record_recall(layer, sel)
         start = self.init_len + n_sel * c.block_size
         if self.rem_len:
             self.buf_k[layer, :, :, start:start + self.rem_len] = self.ring.k_raw[layer].index_select(2, self.rem_slots)
@@ -313,6 +352,8 @@ class InfLLM(Method):
         m = self.memory
         out.update({"blocks": self.formed_blocks, "block_loads": m.transfers, "block_stores": m.stores,
                     "device_cache_bytes": m.device_bytes(), "host_bytes": m.host_bytes()})
+        if self.needle is not None:
+            out["needle_recall"] = {layer: [round(x, 4) for x in v] for layer, v in self.recall.items()}
         return out
 
 

@@ -117,6 +117,9 @@ def _run_batch(engine, task, batch, tokenizer, stop_ids, info):
         raise HarnessError(f"sample {first.id}: {len(first.input_ids)} prompt + {first.max_new_tokens} new tokens "
                            f"exceeds the model's {info.max_position} positions")
     ids = torch.tensor([s.input_ids for s in batch], dtype=torch.long)
+    hook = getattr(engine.method, "set_samples", None)   # per-sample facts a method may use (InfLLM's needle span)
+    if hook is not None:
+        hook([s.params for s in batch])
     if task.mode == "nll":
         nll = engine.nll(ids, mode=first.nll_mode, stride=first.stride).cpu()
         for s, row_nll in zip(batch, nll):

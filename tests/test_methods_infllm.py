@@ -81,3 +81,27 @@ def test_block_memory_lru_residency_and_transfers():
     m.allocate(1, 1, 1, 2, 4, 10, offload=False, budget=3, device="cpu", dtype=torch.float32)
     m.put(0, 0, torch.zeros(1, 1, 2, 4), torch.zeros(1, 1, 2, 4))
     assert m.ensure(0, 0, [0]) == {0: 0} and m.transfers == 0 and m.host_k
+
+
+@pytest.mark.parametrize("name", ["infllm", "ltri"])
+def test_needle_injection_and_recall(name):
+    """evidence=inject: every retrieval holds the blocks of the needle span; the recall recorded per
+    decode step and layer is the share of needle tokens in the window, sinks, remainder or retrieved blocks."""
+    cfg = {**BASE, "name": name, "evidence": "inject", "topk": 1, "max_cached_block": 2}
+    if name == "ltri":
+        cfg = {k: v for k, v in cfg.items() if k != "repr_topk"} | {"spans_per_block": 1, "max_vectors": 3, "last_chunk": None}
+    model = tiny("llama")
+    method, info = make(cfg, model)
+    d = Driver(method, info, rope_for(model), max_len=60, batch=2, seed=5)
+    method.set_samples([{"needle_token": 10, "needle_end": 16}] * 2)   # blocks 1 and 2 (n_init 3, size 4)
+    for _ in range(6):
+        d.step(5, "prefill")
+    for _ in range(5):
+        d.step(1, "decode")
+        p = d.seen - 1
+        for layer in range(info.num_layers):
+            assert all(u == [1] for per in method.selected[layer] for u in per)   # topk 1: the needle's first block
+            seen = sum(1 for t in range(10, 16) if t > p - 6 or 7 <= t < 11)    # window, or block 1 = 7..10
+            assert method.recall[layer][-1] == pytest.approx(seen / 6)
+    st = method.stats()
+    assert len(st["needle_recall"][0]) == 5
