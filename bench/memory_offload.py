@@ -69,8 +69,9 @@ def tensor_bytes(method) -> tuple[int, int]:
     return dev, host
 
 
-def measure(model, info, spec: dict, context: int, steps: int, clock, device) -> dict:
-    row = {"method": spec["name"], "spec": spec, "context": context}
+def measure(model, info, spec: dict, context: int, steps: int, clock, device, setup_only: bool = False) -> dict:
+    row = {"method": spec["name"], "spec": spec, "context": context, "measured_after": "setup" if setup_only
+           else "prefill"}
     cuda = device.type == "cuda"
     if cuda:
         torch.cuda.empty_cache()
@@ -82,6 +83,10 @@ def measure(model, info, spec: dict, context: int, steps: int, clock, device) ->
         eng = Engine(model, method)
         ids = torch.randint(0, info.vocab_size, (1, context), generator=torch.Generator().manual_seed(0)).to(device)
         eng.reset(1, context + steps + 4)
+        if setup_only:   # a store preallocated for the context holds it all from setup on: no prefill needed
+            row["device_bytes_allocated"] = (torch.cuda.memory_allocated() - base) if cuda else None
+            row["method_device_bytes"], row["method_host_bytes"] = tensor_bytes(method)
+            return row
         row["prefill_s"] = clock(lambda: eng.prefill(ids, logits="none"))
         row["device_bytes_allocated"] = (torch.cuda.memory_allocated() - base) if cuda else None
         row["method_device_bytes"], row["method_host_bytes"] = tensor_bytes(method)
@@ -115,6 +120,8 @@ def main(argv=None):
     ap.add_argument("--methods", nargs="+", default=["full", "infllm", "infllm:offload=false", "ltri",
                                                      "streaming_llm:sink=128,window=4096"])
     ap.add_argument("--steps", type=int, default=16, help="decode steps timed (each one separately)")
+    ap.add_argument("--setup-only", nargs="*", default=[], help="method names measured after setup, without a "
+                    "prefill (stores preallocated for the context, e.g. full: its memory is there from setup)")
     ap.add_argument("--device", default="auto")
     ap.add_argument("--dtype", default="auto")
     ap.add_argument("--out", default=None, help="write the JSON here (default: print only)")
@@ -127,7 +134,7 @@ def main(argv=None):
     rows = []
     for spec in map(parse_spec, args.methods):
         for L in sorted(args.lengths):
-            row = measure(model, info, spec, L, args.steps, clock, device)
+            row = measure(model, info, spec, L, args.steps, clock, device, setup_only=spec["name"] in args.setup_only)
             rows.append(row)
             print(json.dumps(row), flush=True)
     env = environment()
@@ -144,7 +151,7 @@ def main(argv=None):
             continue
         dev = (r["device_bytes_allocated"] or r["method_device_bytes"]) / 2**20
         print(f"{label:>32} {r['context']:>8} {dev:>9.1f} {r['method_host_bytes'] / 2**20:>9.1f} "
-              f"{r['decode_ms_median']:>8.2f} {r['block_loads_per_token']:>9.2f}")
+              f"{r.get('decode_ms_median', float('nan')):>8.2f} {r.get('block_loads_per_token', float('nan')):>9.2f}")
     if args.out:
         path = Path(args.out)
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -126,7 +126,7 @@ class InfLLM(Method):
         c = self.cfg
         self.info, self.batch, self.dtype = info, batch, dtype
         L, Hq, Hkv, D = info.num_layers, info.num_heads, info.num_kv_heads, info.head_dim
-        self.ring_size = c.n_local + c.block_size + c.exc_block_size
+        self.ring_size = c.n_local + c.block_size + self.largest_chunk()
         self.ring = getattr(self, "ring", None) or WindowRing()
         self.ring.allocate(L, batch, Hkv, Hq, self.ring_size, D, device, dtype)
         self.max_blocks = max(0, max_len - c.n_init - c.n_local) // c.block_size
@@ -134,7 +134,7 @@ class InfLLM(Method):
         self.memory.allocate(L, batch, Hkv, c.block_size, D, self.max_blocks, offload=c.offload,
                              budget=c.max_cached_block, device=device, dtype=dtype)
         self.units = Hkv if c.per_head else 1
-        self.buf_cap = c.n_init + c.topk * c.block_size + c.block_size + c.exc_block_size
+        self.buf_cap = c.n_init + c.topk * c.block_size + c.block_size + self.largest_chunk()
         self.buf_k = _reuse(getattr(self, "buf_k", None), (L, batch, Hkv, self.buf_cap, D), dtype, device)
         self.buf_v = _reuse(getattr(self, "buf_v", None), (L, batch, Hkv, self.buf_cap, D), dtype, device)
         self.scratch = _reuse(getattr(self, "scratch", None), (batch, Hq, self.ring_size), torch.float32, device)
@@ -145,6 +145,10 @@ class InfLLM(Method):
         self.formed_blocks = 0            # blocks formed (identical for every layer after a step)
         self.needle = None                # [(start, end)] per sequence, from set_samples
         self.recall = {layer: [] for layer in range(L)}
+
+    def largest_chunk(self) -> int:
+        """The most tokens one step brings (sizes the ring and the memory buffer)."""
+        return self.cfg.exc_block_size
 
     def setup_index(self, info, batch, device, dtype):
         """Block index keys: one representative per (block, query head)."""

@@ -100,8 +100,8 @@ class LtriConfig(MemoryConfig):
             if len(entry) != 3 or not 0 <= entry[0] < info.num_layers or not 0 <= entry[1] < info.num_heads:
                 raise ConfigError(f"method.retrieval_heads entry {list(entry)} is not (layer < {info.num_layers}, "
                                   f"head < {info.num_heads}, score)")
-        if self.last_chunk is not None and self.last_chunk > self.exc_block_size:
-            raise ConfigError(f"method.last_chunk={self.last_chunk} exceeds method.exc_block_size={self.exc_block_size}")
+        if self.last_chunk is not None and self.last_chunk > self.n_local:
+            raise ConfigError(f"method.last_chunk={self.last_chunk} exceeds method.n_local={self.n_local}")
         if self.min_vectors * (2 * self.spans_per_block + 1) > self.max_vectors and self.fill_gaps:
             raise ConfigError(f"method.max_vectors={self.max_vectors} cannot hold min_vectors={self.min_vectors} "
                               f"for up to {2 * self.spans_per_block + 1} spans (spans_per_block with gaps filled)")
@@ -122,7 +122,7 @@ class LtriConfig(MemoryConfig):
                  "persistent": False, "ratio_mode": "rowcol", "ratio_area": "density", "last_chunk": None},
                 {"n_init": 2, "n_local": 9, "block_size": 4, "topk": 1, "exc_block_size": 5, "max_cached_block": 2,
                  "spans_per_block": 1, "max_vectors": 3, "voting": False, "index": "static",
-                 "retrieval_heads": [[2, 1, 0.3]], "theta_quantile": [0.5], "iou": [0.3], "last_chunk": 4}]
+                 "retrieval_heads": [[2, 1, 0.3]], "theta_quantile": [0.5], "iou": [0.3], "last_chunk": 7}]
 
 
 def _lists(v):
@@ -133,6 +133,9 @@ def _lists(v):
 class Ltri(InfLLM):
     name = "ltri"
     Config = LtriConfig
+
+    def largest_chunk(self) -> int:
+        return max(self.cfg.exc_block_size, self.cfg.last_chunk or 0)
 
     def prefill_bounds(self, n: int) -> list[int]:
         """Chunk starts: exc_block_size chunks, then the last Q tokens as a chunk of their own."""
