@@ -53,9 +53,9 @@ class MemoryConfig(MethodConfig):
     memory_distance: int | None = option(None, "distance of every memory token from the query; null = n_local - 1 "
                                          "(InfLLM's apply_rotary_pos_emb_one_angle(q, n_local) takes row n_local-1)",
                                          min=0)
-    evidence: str = option("off", "the sample's needle (a task param span, e.g. niah): record = per layer and decode "
+    evidence: str = option("none", "the sample's needle (a task param span, e.g. niah): record = per layer and decode "
                            "step, the share of its tokens the step attends (ltri.fig1-2); inject = also force the "
-                           "blocks holding it into every retrieval (ltri.table1)", choices=("off", "record", "inject"))
+                           "blocks holding it into every retrieval (ltri.table1)", choices=("none", "record", "inject"))
     remainder_visibility: str = option(
         "chunk", "chunk: each query of an execution chunk sees every evicted, not yet blocked token out of the "
         "chunk's LAST query's window, also ones inside its own window (InfLLM's code: its complement mask never "
@@ -246,7 +246,7 @@ class InfLLM(Method):
     def set_samples(self, params: list[dict]) -> None:
         """Called by the run loop before a batch: the needle's token span per sequence, if the task gives one."""
         spans = [(p.get("needle_token"), p.get("needle_end")) for p in params]
-        self.needle = spans if self.cfg.evidence != "off" and all(a is not None and b for a, b in spans) else None
+        self.needle = spans if self.cfg.evidence != "none" and all(a is not None and b for a, b in spans) else None
         self.recall = {layer: [] for layer in range(self.info.num_layers)} if self.info else {}
 
     def inject(self, sel: list[list[list[int]]]) -> list[list[list[int]]]:
@@ -322,7 +322,7 @@ class InfLLM(Method):
         qm = q_mem.float().mean(2)                                            # [B, Hq, D]
         s = torch.einsum("bhd,bnhd->bhn", qm, self.reprs[layer, :, :nb].float())
         s = s.unflatten(1, (self.units, -1)).sum(2)                          # [B, units, nb]
-        return s.topk(c.topk, dim=-1).indices.tolist()
+        return top_first(s, c.topk).tolist()
 
     # --- after the step: sinks and blocks leave the window ---------------------------------------
     def after_step(self, layer: int, q_mem: torch.Tensor) -> None:
@@ -345,7 +345,7 @@ class InfLLM(Method):
     def index_block(self, layer: int, i: int, k: torch.Tensor, score: torch.Tensor) -> None:
         """Representative of block i per query head: mean of its repr_topk most-attended keys."""
         g = self.info.group
-        top = score.topk(self.cfg.repr_topk, dim=-1).indices                 # [B, Hq, r]
+        top = top_first(score, self.cfg.repr_topk)                # [B, Hq, r]
         kk = k.repeat_interleave(g, 1)                                        # [B, Hq, bs, D]
         picked = kk.gather(2, top.unsqueeze(-1).expand(-1, -1, -1, k.shape[-1]))
         self.reprs[layer, :, i] = picked.float().mean(2).to(self.reprs.dtype)
@@ -359,6 +359,13 @@ class InfLLM(Method):
         if self.needle is not None:
             out["needle_recall"] = {layer: [round(x, 4) for x in v] for layer, v in self.recall.items()}
         return out
+
+
+def top_first(x: torch.Tensor, k: int) -> torch.Tensor:
+    """Indices of the k largest along the last dim, ties to the lower index. torch.topk breaks exact ties
+    (repeated tokens give equal un-rotated keys, hence equal block scores) one way for a row alone and
+    another way inside a batch on the CPU: a batch must select what each sequence selects alone."""
+    return torch.sort(x, stable=True, dim=-1, descending=True).indices[..., :k]
 
 
 def _reuse(t, shape, dtype, device):

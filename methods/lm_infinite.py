@@ -75,6 +75,7 @@ class LMInfiniteConfig(MethodConfig):
 class LMInfinite(Method):
     name = "lm_infinite"
     Config = LMInfiniteConfig
+    decode_idempotent = True  # a step writes only its own position (its ring slot, or a sink once)
 
     @property
     def prefill_chunk(self):

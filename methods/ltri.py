@@ -31,7 +31,7 @@ from common.errors import ConfigError
 from methods import ltri_spans as S
 from methods.base import register
 from methods.config import option
-from methods.infllm import InfLLM, MemoryConfig, _reuse
+from methods.infllm import InfLLM, MemoryConfig, _reuse, top_first
 from methods.stores_blocks import IndexVectors
 
 
@@ -227,7 +227,7 @@ class Ltri(InfLLM):
                                      c.max_vectors, static=c.index == "static")
             picked, owner = [], []
             for s_id, ((x, y), n) in enumerate(zip(spans, counts)):
-                top = votes[b, x:y + 1].topk(n).indices + x
+                top = top_first(votes[b, x:y + 1], n) + x
                 picked.append(top)
                 owner += [s_id] * n
             idx = torch.cat(picked)
@@ -271,11 +271,11 @@ class Ltri(InfLLM):
             return self.persist[layer] if self.persist[layer] is not None else [[[]] for _ in range(self.batch)]
         if layer in self.own:
             self.own_scores[layer] = self.block_scores(layer, q_mem)
-            self.own_top[layer] = self.own_scores[layer].topk(min(c.topk, nb), dim=-1).indices
+            self.own_top[layer] = top_first(self.own_scores[layer], min(c.topk, nb))
         if nb <= c.topk:
             sel = [[list(range(nb))] for _ in range(self.batch)]
         else:
-            sel = [[ids] for ids in self.rank(layer).topk(c.topk, dim=-1).indices.tolist()]
+            sel = [[ids] for ids in top_first(self.rank(layer), c.topk).tolist()]
         if self.step.phase != "decode":
             self.persist[layer] = sel
         return sel
@@ -298,7 +298,10 @@ class Ltri(InfLLM):
         for l, w in voters:
             votes.scatter_add_(1, self.own_top[l], torch.full(self.own_top[l].shape, float(w), dtype=torch.float64,
                                                               device=votes.device))
-        tie = latest.double().argsort(-1).argsort(-1) / max(1, self.n_blocks)   # in [0, 1): below any vote
+        # ties by the latest voter's similarity, then the lower block (a stable order: the same in a batch
+        # as alone), as a fraction in [0, 1): below any vote
+        pos = torch.sort(latest.double(), stable=True, dim=-1, descending=True).indices.argsort(-1)
+        tie = (self.n_blocks - 1 - pos) / max(1, self.n_blocks)
         return votes * 1e6 + tie
 
     def stats(self):
