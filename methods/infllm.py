@@ -143,7 +143,10 @@ class InfLLM(Method):
         self.buf_blocks = [[[[None] * c.topk for _ in range(self.units)] for _ in range(batch)] for _ in range(L)]
         self.selected = [None] * L        # the last retrieval per layer: [B][units][ids]
         self.formed_blocks = 0            # blocks formed (identical for every layer after a step)
-        self.needle = None                # [(start, end)] per sequence, from set_samples
+        # [(start, end)] per sequence from set_samples, which the run loop calls just before the engine's
+        # reset: kept when it is for this batch (setup clearing it dropped every recall of a real run)
+        needle = getattr(self, "needle", None)
+        self.needle = needle if needle is not None and len(needle) == batch else None
         self.recall = {layer: [] for layer in range(L)}
 
     def largest_chunk(self) -> int:

@@ -20,6 +20,7 @@ from test_methods_common import Driver, make, one_thread, rope_for  # noqa: F401
 from tiny_models import tiny
 
 from methods.stores_blocks import BlockMemory
+from runners.engine import Engine
 
 
 BASE = {"name": "infllm", "n_init": 3, "n_local": 6, "block_size": 4, "topk": 2, "repr_topk": 2,
@@ -105,3 +106,19 @@ def test_needle_injection_and_recall(name):
             assert method.recall[layer][-1] == pytest.approx(seen / 6)
     st = method.stats()
     assert len(st["needle_recall"][0]) == 5
+
+
+@pytest.mark.parametrize("name", ["infllm", "ltri"])
+def test_recall_survives_the_engine_reset(name):
+    """The run loop calls set_samples, then Engine.generate resets (setup) before the prefill: the
+    needle span must reach the run's stats (it did not: every recall of a real run was lost)."""
+    cfg = {**BASE, "name": name, "evidence": "record"}
+    if name == "ltri":
+        cfg = {k: v for k, v in cfg.items() if k != "repr_topk"} | {"spans_per_block": 1, "max_vectors": 3, "last_chunk": None}
+    model = tiny("llama")
+    method, info = make(cfg, model)
+    eng = Engine(model, method)
+    method.set_samples([{"needle_token": 10, "needle_end": 16}])
+    eng.generate(torch.randint(0, 128, (1, 40), generator=torch.Generator().manual_seed(0)), max_new_tokens=4)
+    rec = method.stats()["needle_recall"]
+    assert len(rec) == info.num_layers and all(len(v) == 3 for v in rec.values())   # 4 tokens: 3 decode steps
