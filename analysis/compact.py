@@ -8,8 +8,9 @@ from those copies only: a fresh clone re-renders them byte for byte with no mode
 File format (JSON Lines): line 1 is the header: the run's id, resolved config (minus the
 machine-local runner keys), whether it finished, its commit, device and dtype, the method's budget
 semantics, the task's protocol, and the column names; every further line is one sample as a list
-in those columns: its id, its task parameters (params.*) and its metrics (metrics.*). Predictions,
-timings and attention statistics stay in results/runs.
+in those columns: its id, its task parameters (params.*), its metrics (metrics.*) and the few method
+statistics of KEPT_ATTENDED (attended.*). Predictions, timings and the other attention statistics
+stay in results/runs.
 """
 from __future__ import annotations
 
@@ -19,7 +20,10 @@ from typing import Any
 
 FORMAT = "sparse-decode-harness compact rows 1"
 LOCAL_KEYS = {"runner": ("wandb", "progress", "results_dir")}    # where/how it logged, not what it ran
-GROUPS = ("params", "metrics")
+GROUPS = ("params", "metrics", "attended")
+# method statistics worth committing (per-sample facts some items plot: Ltri-LLM's needle recall by
+# layer and step, index vectors per block); the rest of `attended` (per-layer counts) stays in runs/
+KEPT_ATTENDED = ("needle_recall", "vectors_per_block", "index_vectors")
 
 
 def path_for(root: Path, task: str, model: str, method: str, run_id: str) -> Path:
@@ -37,7 +41,8 @@ def _portable(config: dict) -> dict:
 def encode(run_id: str, config: dict, samples: list[dict], complete: bool, time: float,
            commit: str | None) -> str:
     """The compact text of one run (deterministic: equal inputs give equal bytes)."""
-    columns = ["id"] + [f"{g}.{k}" for g in GROUPS for k in sorted({k for s in samples for k in (s.get(g) or {})})]
+    columns = ["id"] + [f"{g}.{k}" for g in GROUPS for k in sorted({k for s in samples for k in (s.get(g) or {})})
+                        if g != "attended" or k in KEPT_ATTENDED]
     first = samples[0] if samples else {}
     head = {"format": FORMAT, "run_id": run_id, "task": config["task"]["name"], "model": config["model"]["name"],
             "method": config["method"]["name"], "complete": bool(complete), "n_rows": len(samples),
@@ -63,7 +68,7 @@ def read_head(path: Path) -> dict[str, Any]:
 
 
 def read_rows(path: Path) -> list[dict]:
-    """The samples back as run rows: {"id", "params": {...}, "metrics": {...}}."""
+    """The samples back as run rows: {"id", "params": {...}, "metrics": {...}, "attended": {...}}."""
     lines = Path(path).read_text().splitlines()
     columns = json.loads(lines[0])["columns"]
     out = []

@@ -47,6 +47,7 @@ def frame(cells: list[Cell], impl, profile: str) -> pd.DataFrame:
     df["status"] = df["status"].fillna("paper only")
     df["n"] = df["n"].fillna(0).astype(int)
     df.insert(0, "profile", profile)
+    df.attrs["runs"] = {c.run.run_id: c.run for c in cells if c.run is not None}   # per-sample rows for renderers
     return df
 
 
@@ -64,9 +65,11 @@ def _ours(x: pd.Series, row_n: int) -> str:
     return text
 
 
-def markdown_tables(df: pd.DataFrame, col_name=lambda c: f"K={c}", row_title="Method / Budget") -> str:
+def markdown_tables(df: pd.DataFrame, col_name=lambda c: f"K={c}", row_title="Method / Budget",
+                    paper_digits: int = 0) -> str:
     """One table per block: rows x columns, each cell `ours [95% interval] (paper)`, and n (the
-    samples per cell of the row; a cell with another n states its own)."""
+    samples per cell of the row; a cell with another n states its own). `paper_digits`: decimals of
+    the paper's number (papers that print one decimal keep it)."""
     out = []
     blocks = list(df["block"].unique())
     for block in blocks:
@@ -95,7 +98,7 @@ def markdown_tables(df: pd.DataFrame, col_name=lambda c: f"K={c}", row_title="Me
                 x = sub.loc[c]
                 text = _ours(x, row_n)
                 if not pd.isna(x["paper"]):
-                    text += f" ({x['paper']:.0f})"
+                    text += f" ({x['paper']:.{paper_digits}f})"
                 cells.append(text)
             out.append("| " + " | ".join([label] + cells + [str(row_n)]) + " |")
     return "\n".join(out) + "\n"

@@ -64,6 +64,9 @@ def run_batch(engine, task, batch, tokenizer, stop_ids, info):
         yield from compare_rows(engine, task, batch, method_metrics)
         return
     ids = torch.tensor([s.input_ids for s in batch], dtype=torch.long)
+    hook = getattr(engine.method, "set_samples", None)   # per-sample facts a method may use (InfLLM's needle span)
+    if hook is not None:
+        hook([s.params for s in batch])
     if task.mode == "nll":
         t0 = time.perf_counter()
         nll = engine.nll(ids, mode=first.nll_mode, stride=first.stride).cpu()

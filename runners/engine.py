@@ -153,12 +153,14 @@ class Engine:
     def prefill(self, ids: torch.Tensor, logits: str = "last") -> torch.Tensor | None:
         """Prompt in chunks of `method.prefill_chunk` (None = one chunk); each chunk attends to the
         method's cache plus itself, causally."""
-        chunk = self.method.prefill_chunk or ids.shape[1]
+        n = ids.shape[1]
+        plan = getattr(self.method, "prefill_bounds", None)  # a method may place its chunks (Ltri-LLM's last Q)
+        starts = list(plan(n)) if plan else list(range(0, n, self.method.prefill_chunk or n))
         outs = []
-        for s in range(0, ids.shape[1], chunk):
-            last = s + chunk >= ids.shape[1]
+        for s, e in zip(starts, starts[1:] + [n]):
+            last = e >= n
             want = logits if (last or logits == "all") else "none"
-            out = self.forward(ids[:, s:s + chunk], "prefill", logits=want)
+            out = self.forward(ids[:, s:e], "prefill", logits=want)
             if out is not None and (logits == "all" or last):
                 outs.append(out)
         if logits == "none":

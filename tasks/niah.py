@@ -195,6 +195,8 @@ class NIAH(Task):
             raise ConfigError(f"task.lengths: {length} tokens is too short for the NIAH template and needle")
         hay = self.haystack(round_)[:n_hay]
         at = self.insertion_point(hay, depth)
+        if self.cfg.get("needle_block"):
+            at = self.inside_one_block(at, len(head), len(needle), len(hay))
         ids = head + hay[:at] + needle + hay[at:] + tail
         if buffer is None:
             assert len(ids) == length, (len(ids), length)
@@ -203,7 +205,8 @@ class NIAH(Task):
             input_ids=ids,
             references=[number],
             params={"length": length, "depth": depth, "round": round_, "city": city,
-                    "needle_token": len(head) + at, "haystack": self.cfg.haystack},
+                    "needle_token": len(head) + at, "needle_end": len(head) + at + len(needle),
+                    "haystack": self.cfg.haystack},
             max_new_tokens=int(self.cfg.max_new_tokens),
             decode_tail=int(self.cfg.decode_tail),
         )
@@ -217,6 +220,21 @@ class NIAH(Task):
         while at > 0 and not self.is_period(hay[at - 1]):
             at -= 1
         return at
+
+    def inside_one_block(self, at: int, offset: int, n_needle: int, n_hay: int) -> int:
+        """Ltri-LLM's restricted needle (figure 8): with needle_block [start, size] (InfLLM's blocks: n_init,
+        block_size), a needle that would straddle a block boundary moves back to the start of its
+        first block, so that it lies in one block. A needle longer than a block is refused."""
+        first, size = (int(x) for x in self.cfg.needle_block)
+        if n_needle > size:
+            raise ConfigError(f"task.needle_block: the needle ({n_needle} tokens) is longer than a block ({size})")
+        start = offset + at
+        if start < first:
+            return at
+        block = (start - first) // size
+        if (start + n_needle - 1 - first) // size != block:
+            at = max(0, first + block * size - offset)
+        return min(at, n_hay)
 
     # scoring ---------------------------------------------------------------------------------------
     def score(self, sample, prediction):

@@ -134,3 +134,25 @@ def test_lengths_beyond_the_model_fail_before_loading():
     validate(ok)
     with pytest.raises(ConfigError, match="exceeds smollm2's maximum"):
         validate(bad)
+
+
+def test_needle_span_and_one_block_restriction(smol_tokenizer):
+    """params carry the needle's token span; needle_block [first, size] keeps it inside one block of
+    `size` tokens counted from token `first` (Ltri-LLM figure 8's restricted needle)."""
+    free = build(smol_tokenizer)
+    boxed = build(smol_tokenizer, needle_block=[16, 32])
+    straddled = 0
+    for depth in (0, 33, 50, 100):
+        for a, b in ((free.sample(1000, depth, r), boxed.sample(1000, depth, r)) for r in range(2)):
+            for s in (a, b):
+                i, e = s.params["needle_token"], s.params["needle_end"]
+                assert smol_tokenizer.decode(s.input_ids[i:e]) == (
+                    f"\nThe special magic {s.params['city']} number is: {s.references[0]}\n")
+                assert len(s.input_ids) == 1000
+            i, e = b.params["needle_token"], b.params["needle_end"]
+            assert i < 16 or (i - 16) // 32 == (e - 1 - 16) // 32
+            fi, fe = a.params["needle_token"], a.params["needle_end"]
+            straddled += fi >= 16 and (fi - 16) // 32 != (fe - 1 - 16) // 32
+    assert straddled  # the restriction really moved some needles
+    with pytest.raises(ConfigError, match="longer than a block"):
+        list(build(smol_tokenizer, needle_block=[0, 8]).samples())

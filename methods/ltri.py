@@ -1,0 +1,312 @@
+"""Ltri-LLM (Tang, Xiu et al., arXiv 2412.04757; no public code): InfLLM's context memory (sinks, local
+window, 128-token blocks offloaded behind an LRU cache, memory at a fixed distance) with blocks indexed
+by the semantic spans their attention map shows as triangles.
+
+- The layer keeps a band of its attention map: for each recent token, the joint-softmax probability it
+  gave to each of the previous block_size tokens, summed over query heads (Eq. 4).
+- When a block leaves the window its map is cut into spans (methods/ltri_spans.py: triangle scores with
+  a baseline theta via prefix sums, one candidate per anti-diagonal, 1-D NMS with IoU phi), and each
+  span keeps ceil(len * exp(-lambda (1 - r_a))) index vectors (Eq. 7): the keys of its tokens that
+  received the most local attention, r_a comparing the span's triangle with its neighbours (Omega).
+- A chunk's queries are cut into spans the same way (its causal self-attention among its own tokens:
+  the memory is not known before retrieval); a query span's index is the sum of its queries, and a
+  memory span's similarity to it is Eq. 8 (the sum of all pairwise products of index vectors). A block
+  scores the best similarity of its spans over the query spans (Eq. 9); top-k blocks are retrieved.
+- Retrieval heads (appendix C, or runners.retrieval_heads): a layer with one indexes and retrieves in
+  its best head's space (query head h, its KV head's keys); without any, every layer uses all heads.
+- Collaborative voting: a layer ranks blocks by the votes of the retrieval layers up to it (each votes
+  for its own top-k with its head's score as weight; ties by the latest voter's similarity). Layers
+  before the first retrieval layer index with all heads and retrieve alone.
+- Persistent: decoding reuses each layer's retrieval of the last prefill chunk, whose size is Q.
+Every choice the paper leaves open is an option below (see also reference/methods.md section 5.2).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from common.errors import ConfigError
+from methods import ltri_spans as S
+from methods.base import register
+from methods.config import option
+from methods.infllm import InfLLM, MemoryConfig, _reuse, top_first
+from methods.stores_blocks import IndexVectors
+
+
+@dataclass(frozen=True)
+class LtriConfig(MemoryConfig):
+    """Ltri-LLM (arXiv 2412.04757): InfLLM's memory with blocks indexed by their attention map's triangles
+    (spans, dynamic index vectors), retrieval heads, collaborative voting, persistent retrieval.
+    Defaults: section 4 and table 5 (NIAH row); theta/phi the 'typical' 90th percentile / 0.1."""
+
+    spans_per_block: int = option(4, "spans NMS keeps per block ('Span' of table 5; 6 for RULER)", min=1)
+    max_vectors: int = option(12, "index vectors per block at most (M of table 5; 24 for RULER)", min=1)
+    min_vectors: int = option(1, "index vectors per span at least (the paper sets one, not its value)", min=1)
+    lam: float = option(3.0, "lambda of Eq. 7 (larger: fewer index vectors)", min=0)
+    lam_first: float = option(20.0, "lambda of the first `first_layers` layers (section 4: 20 for four)", min=0)
+    first_layers: int = option(4, "layers that use lam_first", min=0)
+    ratio_mode: str = option("row", "Omega: r_a compares a span's triangle with its row neighbours (its queries' "
+                             "attention to earlier tokens of the block), col (later queries' attention to it) "
+                             "or rowcol", choices=("row", "col", "rowcol"))
+    ratio_area: str = option("mass", "a region's area: its attention mass, or its density (mass per cell)",
+                             choices=("mass", "density"))
+    theta_quantile: tuple[float, ...] = option((0.9,), "theta as a quantile of the map's lower-triangle entries: "
+                                               "one value, or one per layer (table 6)")
+    iou: tuple[float, ...] = option((0.1,), "NMS IoU threshold phi: one value, or one per layer (table 7; RULER "
+                                    "0.01)")
+    fill_gaps: bool = option(True, "tokens outside every kept span form spans of their own, so spans partition "
+                             "the block ('divide L_pre into C spans')")
+    index: str = option("dynamic", "dynamic: Eq. 7 counts per span; static: max_vectors // spans each (3.3.1)",
+                        choices=("dynamic", "static"))
+    retrieval_heads: tuple[tuple[float, ...], ...] = option(
+        (), "(layer, head, score) triples (appendix C; runners.retrieval_heads finds them); a layer's best head "
+        "indexes and retrieves; empty: every layer uses all its heads (the ablation without retrieval heads)")
+    voting: bool = option(True, "rank blocks by the score-weighted top-k votes of the retrieval layers up to this "
+                          "one (without retrieval heads: all layers up to it, weight 1)")
+    persistent: bool = option(True, "decoding reuses each layer's retrieval of the last prefill chunk")
+    last_chunk: int | None = option(32, "Q: the prompt's last tokens form their own prefill chunk (table 5: 32 for "
+                                    "NIAH); null: plain chunks", min=1)
+
+    @classmethod
+    def defaults(cls):
+        return {k: _lists(v) for k, v in super().defaults().items()}
+
+    def per_layer(self, values, layer: int) -> float:
+        return float(values[0] if len(values) == 1 else values[layer])
+
+    def lam_of(self, layer: int) -> float:
+        return self.lam_first if layer < self.first_layers else self.lam
+
+    def heads(self) -> dict[int, tuple[int, float]]:
+        """layer -> (query head, score): the best retrieval head of each layer that has one."""
+        best: dict[int, tuple[int, float]] = {}
+        for entry in self.retrieval_heads:
+            layer, head, score = int(entry[0]), int(entry[1]), float(entry[2])
+            if layer not in best or score > best[layer][1]:
+                best[layer] = (head, score)
+        return best
+
+    def check(self, info):
+        super().check(info)
+        if self.per_head:
+            raise ConfigError("method.per_head is an InfLLM option; Ltri-LLM retrieves per layer (retrieval heads)")
+        for key in ("theta_quantile", "iou"):
+            v = getattr(self, key)
+            if len(v) not in (1, info.num_layers) or not all(0 <= x <= 1 for x in v):
+                raise ConfigError(f"method.{key} needs one value or {info.num_layers} (one per layer), each in [0, 1]")
+        for entry in self.retrieval_heads:
+            if len(entry) != 3 or not 0 <= entry[0] < info.num_layers or not 0 <= entry[1] < info.num_heads:
+                raise ConfigError(f"method.retrieval_heads entry {list(entry)} is not (layer < {info.num_layers}, "
+                                  f"head < {info.num_heads}, score)")
+        if self.last_chunk is not None and self.last_chunk > self.n_local:
+            raise ConfigError(f"method.last_chunk={self.last_chunk} exceeds method.n_local={self.n_local}")
+        if self.min_vectors * (2 * self.spans_per_block + 1) > self.max_vectors and self.fill_gaps:
+            raise ConfigError(f"method.max_vectors={self.max_vectors} cannot hold min_vectors={self.min_vectors} "
+                              f"for up to {2 * self.spans_per_block + 1} spans (spans_per_block with gaps filled)")
+
+    def describe(self):
+        rh = self.heads()
+        return {**super().describe(), "index": f"{self.index} span index vectors, <= {self.max_vectors} per block",
+                "retrieval": ("retrieval heads of layers " + ",".join(map(str, sorted(rh)))) if rh else "all heads",
+                "voting": self.voting, "persistent": self.persistent,
+                "prefill": f"streamed in chunks of {self.exc_block_size}, last chunk {self.last_chunk}"}
+
+    @classmethod
+    def variants(cls):
+        return [{"n_init": 4, "n_local": 8, "block_size": 4, "topk": 2, "exc_block_size": 8, "max_cached_block": 3,
+                 "spans_per_block": 1, "max_vectors": 3, "last_chunk": 3},
+                {"n_init": 2, "n_local": 10, "block_size": 5, "topk": 2, "exc_block_size": 6, "offload": False,
+                 "spans_per_block": 2, "max_vectors": 5, "retrieval_heads": [[1, 2, 0.5], [3, 0, 0.2], [3, 1, 0.4]],
+                 "persistent": False, "ratio_mode": "rowcol", "ratio_area": "density", "last_chunk": None},
+                {"n_init": 2, "n_local": 9, "block_size": 4, "topk": 1, "exc_block_size": 5, "max_cached_block": 2,
+                 "spans_per_block": 1, "max_vectors": 3, "voting": False, "index": "static",
+                 "retrieval_heads": [[2, 1, 0.3]], "theta_quantile": [0.5], "iou": [0.3], "last_chunk": 7}]
+
+
+def _lists(v):
+    return [_lists(x) for x in v] if isinstance(v, (tuple, list)) else v
+
+
+@register
+class Ltri(InfLLM):
+    name = "ltri"
+    Config = LtriConfig
+
+    def largest_chunk(self) -> int:
+        return max(self.cfg.exc_block_size, self.cfg.last_chunk or 0)
+
+    def prefill_bounds(self, n: int) -> list[int]:
+        """Chunk starts: exc_block_size chunks, then the last Q tokens as a chunk of their own."""
+        c = self.cfg
+        if c.last_chunk is None or n <= c.last_chunk:
+            return list(range(0, n, c.exc_block_size))
+        return list(range(0, n - c.last_chunk, c.exc_block_size)) + [n - c.last_chunk]
+
+    # --- storage -----------------------------------------------------------------------------------
+    def setup_index(self, info, batch, device, dtype):
+        c = self.cfg
+        self.rh = c.heads()
+        first = min(self.rh) if self.rh else info.num_layers
+        # layers with an index of their own: retrieval layers, and (all heads) every layer before the first
+        self.own = {layer: (self.rh[layer][0] if layer in self.rh else None)
+                    for layer in range(info.num_layers) if layer in self.rh or layer < first}
+        dims = {layer: info.head_dim if h is not None else info.num_heads * info.head_dim for layer, h in self.own.items()}
+        self.index = getattr(self, "index", None) or IndexVectors()
+        self.index.allocate(dims, batch, device, dtype)
+        self.band = _reuse(getattr(self, "band", None), (info.num_layers, batch, self.ring_size, c.block_size),
+                           torch.float32, device)
+        self.persist = [None] * info.num_layers
+        self.own_scores = [None] * info.num_layers      # this step's block similarities of indexing layers
+        self.own_top = [None] * info.num_layers
+        self.vectors_per_block = {}
+
+    def index_buffers(self):
+        return {**self.index.buffers(), "band": self.band}
+
+    def _space(self, layer: int, x: torch.Tensor, kv: bool) -> torch.Tensor:
+        """[B, H, n, D] -> [B, n, dim] in the layer's index space: its retrieval head, or all heads
+        (keys repeated to the query heads, so a product sums the per-head logits)."""
+        h = self.own[layer]
+        if h is not None:
+            return x[:, h // self.info.group if kv else h]
+        if kv:
+            x = x.repeat_interleave(self.info.group, 1)
+        return x.permute(0, 2, 1, 3).flatten(2)
+
+    # --- the attention map band ----------------------------------------------------------------------
+    def observe(self, layer, q_rot, lse, raw_local):
+        """Rows of the band for this step's tokens: probability given to each of the previous block_size
+        tokens (local window only), summed over query heads."""
+        c, W, T = self.cfg, self.cfg.block_size, q_rot.shape[2]
+        a, scale = self.step.start, self.info.scaling
+        lo = max(0, a - W + 1)
+        keys = torch.arange(lo, a + T, device=q_rot.device)
+        if raw_local is not None:   # decode: logits of the window's slots are at hand
+            n = self.local_pos.numel()
+            raw = raw_local[..., max(0, n - W):]
+            kp = self.local_pos[max(0, n - W):]
+            p = torch.exp(raw * scale - lse).sum(1)                             # [B, n']
+            rows = torch.zeros(self.batch, 1, W, device=q_rot.device)
+            rows[:, 0, (a - kp)] = p
+        else:
+            k = self.ring.k_rot[layer].index_select(2, keys % self.ring_size).repeat_interleave(self.info.group, 1)
+            s = torch.einsum("bhtd,bhld->bhtl", q_rot.float(), k.float()) * scale
+            d = torch.arange(a, a + T, device=q_rot.device).view(-1, 1) - keys.view(1, -1)
+            vis = (d >= 0) & (d < min(W, c.n_local))
+            p = torch.where(vis, torch.exp(s - lse.unsqueeze(-1)), 0.0).sum(1)  # [B, T, L]
+            col = (torch.arange(T, device=q_rot.device).view(-1, 1) + (a - lo)) - torch.arange(W, device=q_rot.device)
+            rows = torch.where(col >= 0, p.gather(-1, col.clamp(min=0).unsqueeze(0).expand(self.batch, -1, -1)), 0.0)
+        self.band[layer].index_copy_(1, self.new_slots, rows)
+
+    def block_map(self, layer: int, start: int) -> torch.Tensor:
+        """[B, bs, bs] attention map of the block starting at `start` (rows queries, lower triangle)."""
+        W = self.cfg.block_size
+        rows = self.band[layer].index_select(1, self.ring.slots(start, start + W))     # [B, bs, W]
+        i = torch.arange(W, device=rows.device)
+        d = i.view(-1, 1) - i.view(1, -1)
+        return torch.where(d >= 0, rows.gather(-1, d.clamp(min=0).unsqueeze(0).expand(rows.shape[0], -1, -1)), 0.0)
+
+    # --- indexing a block that leaves the window -----------------------------------------------------
+    def index_block(self, layer, i, k, score):
+        if layer not in self.own:
+            return
+        c = self.cfg
+        start = c.n_init + i * c.block_size
+        A = self.block_map(layer, start)
+        h = self.own[layer]
+        votes = score[:, h] if h is not None else score.sum(1)                   # [B, bs] attention received
+        keys = self._space(layer, k, kv=True)                                     # [B, bs, dim]
+        total = 0
+        for b in range(self.batch):
+            spans = S.detect_spans(A[b], c.per_layer(c.theta_quantile, layer), c.per_layer(c.iou, layer),
+                                   c.spans_per_block, c.fill_gaps)
+            r_a = S.neighbor_ratio(A[b], spans, c.ratio_mode, c.ratio_area == "density")
+            counts = S.vector_counts([y - x + 1 for x, y in spans], r_a, c.lam_of(layer), c.min_vectors,
+                                     c.max_vectors, static=c.index == "static")
+            picked, owner = [], []
+            for s_id, ((x, y), n) in enumerate(zip(spans, counts)):
+                top = top_first(votes[b, x:y + 1], n) + x
+                picked.append(top)
+                owner += [s_id] * n
+            idx = torch.cat(picked)
+            self.index.add(layer, b, i, keys[b, idx], torch.tensor(owner, device=idx.device), len(spans))
+            total += idx.numel()
+        self.vectors_per_block.setdefault(layer, []).append(total / self.batch)
+
+    # --- retrieval -------------------------------------------------------------------------------------
+    def query_spans(self, layer: int) -> list[list[tuple[int, int]]]:
+        """Spans of this step's queries from their causal self-attention among themselves."""
+        c, T = self.cfg, self.q_rot.shape[2]
+        if T == 1:
+            return [[(0, 0)]] * self.batch
+        k = self.ring.k_rot[layer].index_select(2, self.new_slots).repeat_interleave(self.info.group, 1)
+        s = torch.einsum("bhtd,bhld->bhtl", self.q_rot.float(), k.float()) * self.info.scaling
+        causal = torch.ones(T, T, dtype=torch.bool, device=s.device).tril()
+        A = torch.softmax(s.masked_fill(~causal, float("-inf")), -1).sum(1)
+        n_spans = max(1, math.ceil(c.spans_per_block * T / c.block_size))
+        return [S.detect_spans(A[b], c.per_layer(c.theta_quantile, layer), c.per_layer(c.iou, layer), n_spans,
+                               c.fill_gaps) for b in range(self.batch)]
+
+    def block_scores(self, layer: int, q_mem: torch.Tensor) -> torch.Tensor:
+        """[B, n_blocks] fp32: Eq. 9 (best Eq. 8 similarity of a block's spans over the query spans)."""
+        qv = self._space(layer, q_mem, kv=False).float()                          # [B, T, dim]
+        out = torch.full((self.batch, self.n_blocks), float("-inf"), device=q_mem.device)
+        for b, spans in enumerate(self.query_spans(layer)):
+            qsum = torch.stack([qv[b, x:y + 1].sum(0) for x, y in spans])          # [nq, dim]
+            vec, span_of, span_block = self.index.view(layer, b)
+            if vec.shape[0] == 0:
+                continue
+            sims = vec.float() @ qsum.T                                            # [n_vec, nq]
+            per_span = torch.zeros(span_block.shape[0], sims.shape[1], device=sims.device).index_add_(0, span_of, sims)
+            best = per_span.amax(1)
+            ok = span_block < self.n_blocks
+            out[b].scatter_reduce_(0, span_block[ok], best[ok], "amax")
+        return out
+
+    def select(self, layer, q_mem):
+        c, nb = self.cfg, self.n_blocks
+        if self.step.phase == "decode" and c.persistent:
+            return self.persist[layer] if self.persist[layer] is not None else [[[]] for _ in range(self.batch)]
+        if layer in self.own:
+            self.own_scores[layer] = self.block_scores(layer, q_mem)
+            self.own_top[layer] = top_first(self.own_scores[layer], min(c.topk, nb))
+        if nb <= c.topk:
+            sel = [[list(range(nb))] for _ in range(self.batch)]
+        else:
+            sel = [[ids] for ids in top_first(self.rank(layer), c.topk).tolist()]
+        if self.step.phase != "decode":
+            self.persist[layer] = sel
+        return sel
+
+    def voters(self, layer: int) -> list[tuple[int, float]]:
+        if self.rh:
+            return [(l, s) for l, (_, s) in sorted(self.rh.items()) if l <= layer]
+        return [(l, 1.0) for l in range(layer + 1)]
+
+    def rank(self, layer: int) -> torch.Tensor:
+        """[B, n_blocks] ranking key of this layer's retrieval (higher first)."""
+        c = self.cfg
+        if layer in self.own and (not c.voting or (self.rh and layer not in self.rh)):
+            return self.own_scores[layer]
+        voters = [(l, w) for l, w in self.voters(layer) if self.own_top[l] is not None]
+        if not c.voting:                 # a layer without an index: the latest retrieval layer's choice
+            return self.own_scores[voters[-1][0]]
+        latest = self.own_scores[voters[-1][0]]
+        votes = torch.zeros(self.batch, self.n_blocks, dtype=torch.float64, device=latest.device)
+        for l, w in voters:
+            votes.scatter_add_(1, self.own_top[l], torch.full(self.own_top[l].shape, float(w), dtype=torch.float64,
+                                                              device=votes.device))
+        # ties by the latest voter's similarity, then the lower block (a stable order: the same in a batch
+        # as alone), as a fraction in [0, 1): below any vote
+        pos = torch.sort(latest.double(), stable=True, dim=-1, descending=True).indices.argsort(-1)
+        tie = (self.n_blocks - 1 - pos) / max(1, self.n_blocks)
+        return votes * 1e6 + tie
+
+    def stats(self):
+        out = super().stats()
+        out["index_vectors"] = sum(sum(v) for v in self.index.count.values())
+        out["index_device_bytes"] = self.index.device_bytes()
+        out["vectors_per_block"] = {l: sum(v) / len(v) for l, v in sorted(self.vectors_per_block.items()) if v}
+        return out
