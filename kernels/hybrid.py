@@ -84,3 +84,35 @@ def hybrid_decode(q, k, v, lengths, retrieval, index, counts, scale, *, max_leng
 
     return hybrid_decode_triton(q, k, v, lengths, retrieval, index, counts, scale, max_length=max_length,
                                 page=page, config=config)
+
+
+def streaming_prefill_attention(q, k, v, scale, retrieval, sink: int, recent: int, *, block: int = 1024):
+    """Multi-token attention (new tokens are the last T of the L keys) where the query heads of
+    retrieval KV heads (`retrieval` bool [Hkv], host or device) attend causally and the others see
+    only the first `sink` keys, the `recent` keys before their own position and it (DuoAttention's
+    Λ-shaped streaming pattern, at token granularity). The [T, L] mask is built per block of
+    `block` queries, so memory stays bounded at long prompts. -> [B, T, Hq * D]."""
+    from .prefill import prefill_attention
+
+    B, Hq, T, D = q.shape
+    Hkv, L = k.shape[1], k.shape[2]
+    G = Hq // Hkv
+    ret = torch.as_tensor(retrieval, device="cpu").bool().tolist()
+    out = torch.empty(B, T, Hq, D, device=q.device, dtype=q.dtype)
+    rkv = [h for h in range(Hkv) if ret[h]]
+    skv = [h for h in range(Hkv) if not ret[h]]
+    qidx = lambda kvs: [kv * G + g for kv in kvs for g in range(G)]
+    if rkv:
+        o = prefill_attention(q[:, qidx(rkv)], k[:, rkv], v[:, rkv], scale)
+        out[:, :, qidx(rkv)] = o.view(B, T, len(rkv) * G, D)
+    if skv:
+        qs, ks, vs = q[:, qidx(skv)], k[:, skv], v[:, skv]
+        kpos = torch.arange(L, device=q.device)
+        for t0 in range(0, T, block):
+            t1 = min(T, t0 + block)
+            qpos = torch.arange(L - T + t0, L - T + t1, device=q.device).view(-1, 1)
+            mask = (kpos <= qpos) & ((kpos < sink) | (kpos >= qpos - recent))
+            o = torch.nn.functional.scaled_dot_product_attention(
+                qs[:, :, t0:t1], ks, vs, attn_mask=mask, scale=scale, enable_gqa=G > 1)
+            out[:, t0:t1, qidx(skv)] = o.transpose(1, 2)
+    return out.view(B, T, Hq * D)
