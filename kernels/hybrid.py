@@ -66,11 +66,13 @@ def retrieval_scores(q, k, lengths, heads, *, max_length=None, block: int = 1):
 
 
 def hybrid_decode(q, k, v, lengths, retrieval, index, counts, scale, *, max_length=None, page: int = 1,
-                  config=None):
+                  roles=None, config=None, chunk=None):
     """Decode attention where the query heads of retrieval KV heads (`retrieval` bool [Hkv]) read
     every slot below their length and the others read their KV head's index set (`page` > 1: the
     index holds block numbers of `page` slots each, tokens at or past the length masked). `index`
-    may be None only when every head is a retrieval head."""
+    may be None only when every head is a retrieval head. `roles`: the same flags as a host tuple
+    (the kernel's work layout is planned on the host; without it the Triton path reads `retrieval`
+    back, one device sync, which a CUDA graph capture cannot do)."""
     if backend_for(q) == "torch":
         if page > 1 and index is not None:
             from .attention import sparse_decode_pages_ref
@@ -83,7 +85,7 @@ def hybrid_decode(q, k, v, lengths, retrieval, index, counts, scale, *, max_leng
     from .hybrid_triton import hybrid_decode_triton
 
     return hybrid_decode_triton(q, k, v, lengths, retrieval, index, counts, scale, max_length=max_length,
-                                page=page, config=config)
+                                page=page, roles=roles, config=config, chunk=chunk)
 
 
 def streaming_prefill_attention(q, k, v, scale, retrieval, sink: int, recent: int, *, block: int = 1024):

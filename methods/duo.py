@@ -87,6 +87,7 @@ class DuoAttention(HybridHeads):
     def decode(self, layer, q1, keys, values):
         all_ret = all(self.roles_host[layer])
         out = hybrid_decode(q1, keys, values, self.lengths, self.roles[layer], None if all_ret else self.index,
-                            None if all_ret else self.counts, self.info.scaling, max_length=self.store.capacity)
+                            None if all_ret else self.counts, self.info.scaling, max_length=self.store.capacity,
+                            roles=self.roles_host[layer])
         self.record_hybrid(layer, all_ret)
         return out

@@ -175,7 +175,8 @@ class LycheeDecode(HybridHeads):
         n_ret, all_ret = self.n_ret(layer), all(self.roles_host[layer])
         # sparse heads read the sets of earlier layers: attend before this layer writes its own
         out = hybrid_decode(q1, keys, values, self.lengths, self.roles[layer], None if all_ret else self.index,
-                            None if all_ret else self.counts, scale, max_length=cap)
+                            None if all_ret else self.counts, scale, max_length=cap,
+                            roles=self.roles_host[layer])
         self.record_hybrid(layer, all_ret)
         if n_ret:
             heads = self.ret_ids(layer)
