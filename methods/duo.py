@@ -48,7 +48,7 @@ class DuoConfig(HeadConfig):
         self.head_set(info)
 
     def head_set(self, info) -> headfile.HeadSet:
-        hs = headfile.resolve(self.heads, model=self.model, recipe=self.recipe, num_layers=info.num_layers,
+        hs = headfile.resolve(self.heads, model=self.head_model, recipe=self.recipe, num_layers=info.num_layers,
                               num_kv_heads=info.num_kv_heads, force_layer0=False, method="DuoAttention")
         return hs.scaled(self.head_scale, keep_layer0=False)
 

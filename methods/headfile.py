@@ -79,8 +79,8 @@ def resolve(spec: str, *, model: str, recipe: str, num_layers: int, num_kv_heads
     else:
         if spec == "auto":
             if not model or "${" in model:
-                raise ConfigError(f"method.heads=auto needs the model's name in method.model (Hydra sets it from "
-                                  f"model.name), got {model!r}; or pass method.heads=PATH")
+                raise ConfigError(f"method.heads=auto needs the model's name in method.head_model (Hydra sets it "
+                                  f"from model.name), got {model!r}; or pass method.heads=PATH")
             path = head_path(model, recipe)
             if not path.exists():
                 raise ConfigError(

@@ -38,7 +38,8 @@ class HeadConfig(ChunkedPrefill):
     heads: str = option("auto", "auto (methods/heads/<model>-<recipe>.json) | a head-file path | random:SEED[:N] "
                         "(N random retrieval heads) | inline:ROWS (0/1 per KV head, rows split by '/') | all")
     recipe: str = option("passkey-hardkuma", "training recipe of the auto head file (the file name's suffix)")
-    model: str = option("${model.name}", "model name for heads=auto (Hydra fills it from model.name)")
+    head_model: str | None = option("${oc.select:model.name,null}", "model name of heads=auto (Hydra fills it from "
+                                    "model.name; null outside a composed config)")
 
 
 @dataclass(frozen=True)
@@ -60,16 +61,27 @@ class LycheeConfig(HeadConfig):
     recent: int = option(256, "topk/ratio: last tokens forced into every set (reference recent_tokens)", min=0)
     correction_interval: int | None = option(None, "dense KV recompute every T decoded tokens (paper Table 2 'w/ "
                                              "Cache Correction': 32); null = off (public code)", min=1)
+    block_size: int = option(1, "1: token sets (the accuracy path); B > 1: sets of B-slot blocks, the top budget/B "
+                             "blocks by max-pooled q̄·K, nothing forced (the reference's block-level e2e path, 64)",
+                             min=1)
 
     def check(self, info):
+        from common.errors import ConfigError
+
+        if self.block_size > 1 and (self.mode != "topk" or self.block_size & (self.block_size - 1)):
+            raise ConfigError(f"method.block_size={self.block_size} needs mode=topk and a power of two")
+        if self.block_size > 1 and self.budget < self.block_size:
+            raise ConfigError(f"method.budget={self.budget} is below one block (block_size={self.block_size})")
         self.head_set(info)
 
     def head_set(self, info) -> headfile.HeadSet:
-        return headfile.resolve(self.heads, model=self.model, recipe=self.recipe, num_layers=info.num_layers,
+        return headfile.resolve(self.heads, model=self.head_model, recipe=self.recipe, num_layers=info.num_layers,
                                 num_kv_heads=info.num_kv_heads, force_layer0=True, method="LycheeDecode")
 
     def describe(self):
-        unit = {"topk": f"tokens per KV head ({self.budget}, incl. {self.sink} sinks + {self.recent} recent)",
+        blocks = f"{self.budget // self.block_size} blocks of {self.block_size} per KV head, top by max-pooled q̄·K"
+        unit = {"topk": blocks if self.block_size > 1 else
+                f"tokens per KV head ({self.budget}, incl. {self.sink} sinks + {self.recent} recent)",
                 "ratio": f"int((1 - {self.ratio}) x length) tokens per KV head, incl. sinks + recent",
                 "topp": f"top-p {self.top_p} of softmax({self.prob_scale} scale x q̄·K)",
                 "threshold": f"probability > {self.threshold} (softmax, {self.prob_scale} scale)"}[self.mode]
@@ -85,10 +97,11 @@ class LycheeConfig(HeadConfig):
                 {"heads": heads, "mode": "ratio", "ratio": 0.6, "sink": 2, "recent": 4, "correction_interval": 5},
                 {"heads": heads, "mode": "topp", "top_p": 0.6, "prob_scale": "model", "prefill_chunk": 16},
                 {"heads": heads, "mode": "threshold", "threshold": 0.015},
-                {"heads": heads, "budget": 6, "sink": 2, "recent": 6}]
+                {"heads": heads, "budget": 6, "sink": 2, "recent": 6},
+                {"heads": heads, "budget": 16, "block_size": 4}]
 
     def full_equivalent(self, context):
-        return {"mode": "topk", "budget": max(self.budget, context)}
+        return {"mode": "topk", "budget": max(self.budget, -(-context // self.block_size) * self.block_size)}
 
 
 class HybridHeads(Method):
@@ -157,12 +170,13 @@ class HybridHeads(Method):
     def ret_ids(self, layer) -> torch.Tensor:
         return self._ret_ids[layer, :self.n_ret(layer)]
 
-    def record_hybrid(self, layer, retrieval_all: bool):
+    def record_hybrid(self, layer, retrieval_all: bool, block: int = 1):
         if retrieval_all or self.counts is None:
             self.record(layer, self.lengths)
             return
         r = self.roles[layer].view(1, -1)
-        self.record(layer, torch.where(r, self.lengths.view(-1, 1), self.counts).float())
+        sparse = torch.clamp(self.counts * block, max=self.lengths.view(-1, 1))  # a partial last block counts whole
+        self.record(layer, torch.where(r, self.lengths.view(-1, 1), sparse).float())
 
 
 @register
@@ -174,13 +188,14 @@ class LycheeDecode(HybridHeads):
         c, cap, scale = self.cfg, self.store.capacity, self.info.scaling
         n_ret, all_ret = self.n_ret(layer), all(self.roles_host[layer])
         # sparse heads read the sets of earlier layers: attend before this layer writes its own
+        bs = c.block_size
         out = hybrid_decode(q1, keys, values, self.lengths, self.roles[layer], None if all_ret else self.index,
-                            None if all_ret else self.counts, scale, max_length=cap,
+                            None if all_ret else self.counts, scale, max_length=cap, page=bs,
                             roles=self.roles_host[layer])
-        self.record_hybrid(layer, all_ret)
+        self.record_hybrid(layer, all_ret, bs)
         if n_ret:
             heads = self.ret_ids(layer)
-            scores = retrieval_scores(q1, keys, self.lengths, heads, max_length=cap)
+            scores = retrieval_scores(q1, keys, self.lengths, heads, max_length=cap, block=bs)
             index, counts = self.select(scores)
             if self.index is None:  # layer 0 (all retrieval): the step's sets start here
                 self.index, self.counts = index, counts
@@ -192,6 +207,8 @@ class LycheeDecode(HybridHeads):
     def select(self, scores):
         c = self.cfg
         scale = REFERENCE_SCALE if c.prob_scale == "reference" else self.info.scaling
+        if c.block_size > 1:
+            return lychee_sets.top_blocks(scores, c.budget // c.block_size)
         if c.mode == "topk":
             return lychee_sets.topk(scores, self.lengths, c.budget, c.sink, c.recent)
         if c.mode == "ratio":

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-import kernels
+from kernels.topk import topk_positions
 
 
 def _pos(scores: torch.Tensor) -> torch.Tensor:
@@ -39,7 +39,13 @@ def topk(scores, lengths, budget: int, sink: int, recent: int):
     if budget <= sink + recent:
         # only the forced tokens: rank them first, drop every other slot
         boosted = torch.where(torch.isinf(boosted) & (boosted > 0), boosted, float("-inf"))
-    return kernels.topk_positions(boosted, lengths, k)
+    return topk_positions(boosted, lengths, k)
+
+
+def top_blocks(block_scores, budget_blocks: int):
+    """The block-level path (modeling_llama_block_level.py, get_sparse_block_indices_from_topk): the
+    top `budget_blocks` blocks by max-pooled q̄·K, nothing forced. Block scores are -inf past the length."""
+    return topk_positions(block_scores, None, budget_blocks)
 
 
 def from_mask(mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

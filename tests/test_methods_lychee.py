@@ -40,6 +40,11 @@ def ref_topk_mask(x: torch.Tensor, topk: int, sink: int, recent: int) -> torch.T
 
 def ref_mask(cfg: dict, x: torch.Tensor) -> torch.Tensor:
     mode = cfg.get("mode", "topk")
+    if cfg.get("block_size", 1) > 1:   # block-level path: top budget/B blocks by max-pooled score
+        bs, L = cfg["block_size"], x.shape[-1]
+        pooled = torch.nn.functional.pad(x, (0, (-L) % bs), value=float("-inf")).view(-1, bs).amax(-1)
+        blocks = pooled.topk(min(cfg["budget"] // bs, pooled.numel())).indices
+        return (torch.arange(L) // bs).unsqueeze(-1).eq(blocks).any(-1)
     if mode == "topk":
         return ref_topk_mask(x, cfg["budget"], cfg["sink"], cfg["recent"])
     if mode == "ratio":
@@ -60,6 +65,7 @@ CASES = [
     {"mode": "ratio", "ratio": 0.7, "sink": 2, "recent": 3},
     {"mode": "topp", "top_p": 0.5, "sink": 128, "recent": 256},
     {"mode": "threshold", "threshold": 0.02, "prob_scale": "model", "sink": 128, "recent": 256},
+    {"block_size": 4, "budget": 12, "sink": 3, "recent": 5},   # 3 blocks, nothing forced
 ]
 
 
@@ -86,7 +92,14 @@ def test_sets_and_reuse_rule_by_brute_force(cfg):
             assert (outs[layer] - ref).abs().max().item() <= 1e-5, (L, layer)
             expected_attended = []
             for kv in range(INFO.num_kv_heads):
-                expected_attended.append(L if ROLES[layer][kv] else sets[kv].sum(-1).float())
+                bs = cfg.get("block_size", 1)
+                if ROLES[layer][kv]:
+                    expected_attended.append(L)
+                elif bs == 1:
+                    expected_attended.append(sets[kv].sum(-1).float())
+                else:  # stats count whole blocks (a partial last block as full), capped at the length
+                    n_blocks = torch.tensor([len((torch.nonzero(m).flatten() // bs).unique()) for m in sets[kv]])
+                    expected_attended.append(torch.clamp(n_blocks * bs, max=L).float())
             for kv in range(INFO.num_kv_heads):     # this layer's writes, visible to later layers only
                 if ROLES[layer][kv]:
                     qbar = q[:, kv * g:(kv + 1) * g, 0].mean(1)                 # [B, D]
@@ -96,12 +109,14 @@ def test_sets_and_reuse_rule_by_brute_force(cfg):
             att = torch.stack([torch.as_tensor(a, dtype=torch.float32).expand(d.B) for a in expected_attended], 1)
             assert abs(method.stats()["attended_per_layer"][layer] - att.mean().item()) < 1e-4
         # the step's final sets: index/counts rows equal the brute-force masks, K accounting included
+        bs = cfg.get("block_size", 1)
         for kv in range(INFO.num_kv_heads):
             for b in range(d.B):
                 n = int(method.counts[b, kv])
                 got = sorted(method.index[b, kv, :n].tolist())
-                assert got == torch.nonzero(sets[kv][b]).flatten().tolist(), (L, kv, b)
-        if cfg.get("mode", "topk") == "topk":
+                want = torch.nonzero(sets[kv][b]).flatten()
+                assert got == (want // bs).unique().tolist(), (L, kv, b)
+        if cfg.get("mode", "topk") == "topk" and bs == 1:
             expect = min(max(cfg["budget"], cfg["sink"] + cfg["recent"]), L)
             assert (method.counts == expect).all()
 
@@ -137,12 +152,15 @@ def test_bad_head_specs_refused_in_one_line(heads, needle):
 
 def test_missing_head_file_names_the_training_command():
     with pytest.raises(ConfigError) as e:
-        build(OmegaConf.create({"name": "lychee", "model": "no_such_model"}), INFO)
+        build(OmegaConf.create({"name": "lychee", "head_model": "no_such_model"}), INFO)
     msg = str(e.value)
     assert "methods/heads/no_such_model-passkey-hardkuma.json" in msg and "runners.train_heads" in msg
     assert "\n" not in msg
-    with pytest.raises(ConfigError, match="method.model"):
-        build(OmegaConf.create({"name": "lychee"}), INFO)   # outside Hydra ${model.name} is not resolved
+    with pytest.raises(ConfigError, match="method.head_model"):
+        build(OmegaConf.create({"name": "lychee"}), INFO)   # outside a composed config: no model name
+    from methods import REGISTRY
+    with pytest.raises(ConfigError, match="method.head_model"):  # the defaults as data resolve, to null
+        build(OmegaConf.create({"name": "lychee", **REGISTRY.get("lychee").Config.defaults()}), INFO)
 
 
 def test_random_heads_count_and_layer0():
