@@ -122,15 +122,15 @@ lychee-fig1: install
 lychee-table1: install
 	$(ANALYSIS) make lychee.table1 $(ANALYSIS_OPTS)
 
-# lychee.table2: math reasoning: Gaokao2023En, Minerva, AIME24, OlympiadBench, +/- cache correction  (not implemented yet: prints why and exits 2)
+# lychee.table2: math reasoning: Gaokao2023En, Minerva, AIME24, OlympiadBench, +/- cache correction
 lychee-table2: install
 	$(ANALYSIS) make lychee.table2 $(ANALYSIS_OPTS)
 
-# lychee.fig3: end-to-end TPOT vs context and batch  (not implemented yet: prints why and exits 2)
+# lychee.fig3: end-to-end TPOT vs context and batch  (GPU benchmark: renders results/bench/*.json; prints the GPU commands that write them)
 lychee-fig3: install
 	$(ANALYSIS) make lychee.fig3 $(ANALYSIS_OPTS)
 
-# lychee.fig4: hybrid-head kernel vs FlashAttention-2 by sparse-head ratio, batch 1-8, 16K-128K  (not implemented yet: prints why and exits 2)
+# lychee.fig4: hybrid-head kernel vs FlashAttention-2 by sparse-head ratio, batch 1-8, 16K-128K  (GPU benchmark: renders results/bench/*.json; prints the GPU commands that write them)
 lychee-fig4: install
 	$(ANALYSIS) make lychee.fig4 $(ANALYSIS_OPTS)
 
@@ -146,7 +146,7 @@ lychee-table5-6: install
 lychee-table3: install
 	$(ANALYSIS) make lychee.table3 $(ANALYSIS_OPTS)
 
-# lychee.table4: RULER 4K-64K, 8 tasks, budget 4096  (not implemented yet: prints why and exits 2)
+# lychee.table4: RULER 4K-64K, 8 tasks, budget 4096
 lychee-table4: install
 	$(ANALYSIS) make lychee.table4 $(ANALYSIS_OPTS)
 
@@ -281,6 +281,14 @@ results/bench/tpot_llama3_h100.json: | install
 # python -m bench.kernel_ops --sweep --out $@
 results/bench/kernels_llama3_h100.json: | install
 	$(ANALYSIS) bench kernels_llama3_h100.json --force
+
+# python -m bench.lychee_tpot --model llama3 --weights random --contexts 16384 32768 65536 131072 --out $@
+results/bench/lychee_tpot_llama3_h100.json: | install
+	$(ANALYSIS) bench lychee_tpot_llama3_h100.json --force
+
+# python -m bench.lychee_kernels --out $@
+results/bench/lychee_kernels_h100.json: | install
+	$(ANALYSIS) bench lychee_kernels_h100.json --force
 
 # python -m bench.engine --model llama3 --weights random --lengths 8192 32768 131072 --steps 32 --repeat 2 --out $@
 results/bench/engine_llama3_h100.json: | install
