@@ -107,13 +107,26 @@ def train(cfg: DictConfig, model=None, tokenizer=None) -> dict:
     logger = _Wandb(cfg)
     pdf_steps = set(int(x) for x in cfg.log.pdf_steps)
     reuse = int(cfg.get("steps_per_sample", 1))
+    ckpt = _path(cfg.checkpoint) if cfg.get("checkpoint") else None
+    start = _resume(ckpt, gate, opt, sched, lag, gen, data, curves) if ckpt and ckpt.exists() else 0
+    budget_s = 60 * float(cfg.get("max_minutes") or 0)
     t0 = time.time()
     bar = _bar(steps, cfg.log.progress)
-    for step in range(steps):
+    bar.update(start)
+    for step in range(start, steps):
+        # checkpoints fall on sample boundaries (a sample's cache and teacher are not saved)
+        if ckpt and step > start and step % reuse == 0 and (step % int(cfg.get("checkpoint_every", 50)) < reuse
+                                                             or (budget_s and time.time() - t0 > budget_s)):
+            _save(ckpt, step, gate, opt, sched, lag, gen, data, curves)
+            if budget_s and time.time() - t0 > budget_s:
+                bar.close()
+                print(json.dumps({"stopped_at": step, "steps": steps, "checkpoint": str(ckpt),
+                                  "resume": "run the same command again"}))
+                return {"stopped_at": step, "checkpoint": str(ckpt)}
         if step in pdf_steps:
             curves["gate_states"][step] = gate.state()
         out = "hidden" if cfg.loss == "hidden" else "logits"
-        if step % reuse == 0:  # a new sample: its dense cache and teacher serve `reuse` gate steps
+        if step % reuse == 0 or step == start:  # a new sample: its cache and teacher serve `reuse` gate steps
             ctx, lab = (t.to(device) for t in data.next())
             cache = student.prefill(ctx, int(d.prefill_chunk))
             with torch.no_grad():
@@ -148,8 +161,8 @@ def train(cfg: DictConfig, model=None, tokenizer=None) -> dict:
     out_path = _path(cfg.out) if cfg.out else headfile.head_path(model_name, cfg.recipe)
     training = {"command": "python -m runners.train_heads " + " ".join(sys.argv[1:]), "commit": _commit(),
                 "gate": kind, "student": student_kind, "steps": steps, "final": cfg.final if kind == "hardkuma" else
-                gate.final, "target_density": float(cfg.target_density), "final_density": float(gate.density()),
-                "expected_l0": float(gate.density()) * roles.numel(), "loss": cfg.loss, "mask": s.mask,
+                gate.final, "target_density": float(cfg.target_density), "final_density": float(gate.density().detach()),
+                "expected_l0": float(gate.density().detach()) * roles.numel(), "loss": cfg.loss, "mask": s.mask,
                 "data": OmegaConf.to_container(d, resolve=True), "device": str(device), "dtype": str(dtype),
                 "wall_s": round(time.time() - t0, 1), "seed": int(cfg.seed), "steps_per_sample": reuse, "lr": float(cfg.lr)}
     headfile.save(out_path, model=model_name, recipe=cfg.recipe, roles=roles.tolist(), scores=scores.tolist(),
@@ -163,6 +176,30 @@ def train(cfg: DictConfig, model=None, tokenizer=None) -> dict:
                "wall_s": training["wall_s"]}
     print(json.dumps(summary))
     return summary
+
+
+def _save(path: Path, step, gate, opt, sched, lag, gen, data, curves) -> None:
+    """Everything the loop needs to continue exactly: gates, optimiser, schedule, multiplier, RNGs."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    torch.save({"step": step, "gate": gate.state_dict(), "opt": opt.state_dict(), "sched": sched.state_dict(),
+                "lam": lag.lam, "c_ma": lag.c_ma, "gen": gen.get_state(), "data_gen": data.gen.get_state(),
+                "data_order": list(data._order), "curves": curves}, tmp)
+    tmp.replace(path)
+
+
+def _resume(path: Path, gate, opt, sched, lag, gen, data, curves) -> int:
+    state = torch.load(path, weights_only=False)
+    gate.load_state_dict(state["gate"])
+    opt.load_state_dict(state["opt"])
+    sched.load_state_dict(state["sched"])
+    lag.lam, lag.c_ma = state["lam"], state["c_ma"]
+    gen.set_state(state["gen"])
+    data.gen.set_state(state["data_gen"])
+    data._order = list(state["data_order"])
+    curves.update(state["curves"])
+    print(f"resuming from {path} at step {state['step']}", file=sys.stderr)
+    return int(state["step"])
 
 
 def _path(p) -> Path:

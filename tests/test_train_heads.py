@@ -175,3 +175,33 @@ def test_final_roles_rules():
     assert roles.tolist() == [[False, False], [True, False], [False, True]]
     roles, scores = final_roles(g, "direct", "lychee", target=2 / 6)
     assert roles[0].all() and scores[0].tolist() == [1.0, 1.0]
+
+
+def test_checkpoint_resume_equals_one_run(tmp_path, smol_tokenizer):
+    """max_minutes stops and checkpoints; the same command then resumes: the head file and curves equal
+    those of an uninterrupted run (gates, optimiser, schedule, multiplier, RNG streams all restored)."""
+    def cfg_for(tag, **extra):
+        cfg = OmegaConf.load(ROOT / "conf" / "train_heads.yaml")
+        cfg.pop("defaults")
+        cfg.pop("hydra")
+        cfg.model = {"name": "tiny"}
+        over = {"steps": 5, "out": str(tmp_path / f"{tag}.json"), "curves": str(tmp_path / f"{tag}-curves.json"),
+                "device": "cpu", "dtype": "float32", "log": {"every": 1, "pdf_steps": [0], "progress": False,
+                                                            "wandb": {"mode": "disabled"}},
+                "student": {"sink": 2, "recent": 4}, "steps_per_sample": 2,
+                "data": {"context_min": 80, "context_max": 200, "n_lengths": 3, "num_passkeys": 2,
+                         "passkey_length": 4, "n_depths": 10, "prefill_chunk": 64, "buffer": 20}, **extra}
+        return OmegaConf.merge(cfg, over)
+
+    if not (ROOT / "../shared/data/pg19_books/pg19_books.jsonl").exists():
+        pytest.skip("../shared/data is not present")
+    tok = _ModTok(smol_tokenizer)
+    train(cfg_for("whole"), model=tiny_model(6), tokenizer=tok)
+    ck = str(tmp_path / "ck.pt")
+    first = train(cfg_for("split", checkpoint=ck, max_minutes=1e-9), model=tiny_model(6), tokenizer=tok)
+    assert first["stopped_at"] == 2 and not (tmp_path / "split.json").exists()
+    train(cfg_for("split", checkpoint=ck), model=tiny_model(6), tokenizer=tok)
+    a, b = (json.loads((tmp_path / f"{t}.json").read_text()) for t in ("whole", "split"))
+    assert a["scores"] == b["scores"] and a["heads"] == b["heads"]
+    ca, cb = (json.loads((tmp_path / f"{t}-curves.json").read_text()) for t in ("whole", "split"))
+    assert ca["density"] == cb["density"] and ca["steps"] == cb["steps"]
