@@ -109,6 +109,9 @@ class HybridHeads(Method):
     prefill/correction, per-layer roles as device masks (declared buffers), hybrid decode."""
 
     graph_safe = True  # static shapes (index span = capacity on CUDA), device lengths and roles
+    # a step writes only its own position's KV; the index sets live for one step and are rebuilt from
+    # layer 0 (all retrieval) every step, so nothing carries over between two runs of a step
+    decode_idempotent = True
 
     def head_set(self, info) -> headfile.HeadSet:
         return self.cfg.head_set(info)
