@@ -118,7 +118,7 @@ tactic-table1-5: install
 lychee-fig1: install
 	$(ANALYSIS) make lychee.fig1 $(ANALYSIS_OPTS)
 
-# lychee.table1: LongBench 8 tasks, budgets 1024/4096  (not implemented yet: prints why and exits 2)
+# lychee.table1: LongBench 8 tasks, budgets 1024/4096
 lychee-table1: install
 	$(ANALYSIS) make lychee.table1 $(ANALYSIS_OPTS)
 
@@ -138,11 +138,11 @@ lychee-fig4: install
 lychee-fig5: install
 	$(ANALYSIS) make lychee.fig5 $(ANALYSIS_OPTS)
 
-# lychee.table5-6: selection strategies: top-k, top-p, threshold, ratio; score and sparsity  (not implemented yet: prints why and exits 2)
+# lychee.table5-6: selection strategies: top-k, top-p, threshold, ratio; score and sparsity
 lychee-table5-6: install
 	$(ANALYSIS) make lychee.table5-6 $(ANALYSIS_OPTS)
 
-# lychee.table3: head identification: direct optimisation, HardConcrete, HardKuma x passkey / HotpotQA training data  (not implemented yet: prints why and exits 2)
+# lychee.table3: head identification: direct optimisation, HardConcrete, HardKuma x passkey / HotpotQA training data
 lychee-table3: install
 	$(ANALYSIS) make lychee.table3 $(ANALYSIS_OPTS)
 
@@ -282,11 +282,11 @@ results/bench/tpot_llama3_h100.json: | install
 results/bench/kernels_llama3_h100.json: | install
 	$(ANALYSIS) bench kernels_llama3_h100.json --force
 
-# python -m bench.lychee_tpot --model llama3 --weights random --contexts 16384 32768 65536 131072 --out $@
+# python -m bench.lychee_tpot --model llama3 --weights random --contexts 32768 131072 --steps 16 --out $@
 results/bench/lychee_tpot_llama3_h100.json: | install
 	$(ANALYSIS) bench lychee_tpot_llama3_h100.json --force
 
-# python -m bench.lychee_kernels --out $@
+# python -m bench.lychee_kernels --quick --sparse-heads 4 6 8 --out $@
 results/bench/lychee_kernels_h100.json: | install
 	$(ANALYSIS) bench lychee_kernels_h100.json --force
 

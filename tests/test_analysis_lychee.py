@@ -69,7 +69,8 @@ def test_latency_items_render_from_their_bench_json(tmp_path):
     kern = [{"op": "hybrid", "context": 131072, "batch": 8, "sparse_heads": n, "ms": 1.0 / n, "sdpa_ms": 2.0,
              "speedup_vs_sdpa": 2.0 * n, "floor_ms": 0.5 / n, "over_floor": 2.0} for n in (4, 8)]
     (bench / "lychee_kernels_h100.json").write_text(json.dumps(
-        {"bench": "lychee_kernels", "command": "python -m bench.lychee_kernels", "commit": "abc1234",
+        {"bench": "lychee_kernels", "command": catalogue.get("lychee.fig4").impl.bench.files[0].command,
+         "commit": "abc1234",
          "device": "NVIDIA H100 80GB HBM3", "rows": kern}))
     for key in ("lychee.fig3", "lychee.fig4"):
         assert main(["render", key, "--bench", str(bench), "--out", str(out)]) == 0
