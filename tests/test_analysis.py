@@ -118,8 +118,8 @@ def test_not_implemented_items_say_so(capsys):
     assert main(["render", "tidal.fig5"]) == 2
     assert "not implemented in analysis/ yet" in capsys.readouterr().err
     assert main(["run", "cascade.table2"]) == 2
-    assert main(["table", "2"]) == 2                      # LycheeDecode table 2 by default
-    assert "lychee.table2, not implemented" in capsys.readouterr().err
+    assert main(["table", "2", "--paper", "cascade"]) == 2   # (LycheeDecode's table 2 is implemented)
+    assert "cascade.table2, not implemented" in capsys.readouterr().err
     assert main(["render", "nope.table1"]) == 2
 
 
