@@ -179,6 +179,10 @@ def cmd_tables(args) -> int:
     skipped, refused = [], []
     for key in catalogue.implemented_keys():
         args.key = key
+        impl = catalogue.get(key).impl
+        if not impl.bench and args.profile not in impl.sweeps:   # e.g. paper-only items (no data offline)
+            skipped.append(f"  {key}: no {args.profile!r} profile (profiles: {', '.join(impl.sweeps)})")
+            continue
         try:
             cmd_render(args)
         except MissingResults as e:

@@ -118,19 +118,19 @@ tactic-table1-5: install
 lychee-fig1: install
 	$(ANALYSIS) make lychee.fig1 $(ANALYSIS_OPTS)
 
-# lychee.table1: LongBench 8 tasks, budgets 1024/4096  (not implemented yet: prints why and exits 2)
+# lychee.table1: LongBench 8 tasks, budgets 1024/4096
 lychee-table1: install
 	$(ANALYSIS) make lychee.table1 $(ANALYSIS_OPTS)
 
-# lychee.table2: math reasoning: Gaokao2023En, Minerva, AIME24, OlympiadBench, +/- cache correction  (not implemented yet: prints why and exits 2)
+# lychee.table2: math reasoning: Gaokao2023En, Minerva, AIME24, OlympiadBench, +/- cache correction
 lychee-table2: install
 	$(ANALYSIS) make lychee.table2 $(ANALYSIS_OPTS)
 
-# lychee.fig3: end-to-end TPOT vs context and batch  (not implemented yet: prints why and exits 2)
+# lychee.fig3: end-to-end TPOT vs context and batch  (GPU benchmark: renders results/bench/*.json; prints the GPU commands that write them)
 lychee-fig3: install
 	$(ANALYSIS) make lychee.fig3 $(ANALYSIS_OPTS)
 
-# lychee.fig4: hybrid-head kernel vs FlashAttention-2 by sparse-head ratio, batch 1-8, 16K-128K  (not implemented yet: prints why and exits 2)
+# lychee.fig4: hybrid-head kernel vs FlashAttention-2 by sparse-head ratio, batch 1-8, 16K-128K  (GPU benchmark: renders results/bench/*.json; prints the GPU commands that write them)
 lychee-fig4: install
 	$(ANALYSIS) make lychee.fig4 $(ANALYSIS_OPTS)
 
@@ -138,15 +138,15 @@ lychee-fig4: install
 lychee-fig5: install
 	$(ANALYSIS) make lychee.fig5 $(ANALYSIS_OPTS)
 
-# lychee.table5-6: selection strategies: top-k, top-p, threshold, ratio; score and sparsity  (not implemented yet: prints why and exits 2)
+# lychee.table5-6: selection strategies: top-k, top-p, threshold, ratio; score and sparsity
 lychee-table5-6: install
 	$(ANALYSIS) make lychee.table5-6 $(ANALYSIS_OPTS)
 
-# lychee.table3: head identification: direct optimisation, HardConcrete, HardKuma x passkey / HotpotQA training data  (not implemented yet: prints why and exits 2)
+# lychee.table3: head identification: direct optimisation, HardConcrete, HardKuma x passkey / HotpotQA training data
 lychee-table3: install
 	$(ANALYSIS) make lychee.table3 $(ANALYSIS_OPTS)
 
-# lychee.table4: RULER 4K-64K, 8 tasks, budget 4096  (not implemented yet: prints why and exits 2)
+# lychee.table4: RULER 4K-64K, 8 tasks, budget 4096
 lychee-table4: install
 	$(ANALYSIS) make lychee.table4 $(ANALYSIS_OPTS)
 
@@ -281,6 +281,14 @@ results/bench/tpot_llama3_h100.json: | install
 # python -m bench.kernel_ops --sweep --out $@
 results/bench/kernels_llama3_h100.json: | install
 	$(ANALYSIS) bench kernels_llama3_h100.json --force
+
+# python -m bench.lychee_tpot --model llama3 --weights random --contexts 32768 131072 --steps 16 --out $@
+results/bench/lychee_tpot_llama3_h100.json: | install
+	$(ANALYSIS) bench lychee_tpot_llama3_h100.json --force
+
+# python -m bench.lychee_kernels --quick --sparse-heads 4 6 8 --out $@
+results/bench/lychee_kernels_h100.json: | install
+	$(ANALYSIS) bench lychee_kernels_h100.json --force
 
 # python -m bench.memory_offload --model llama3 --weights random --layers 2 --lengths 4224 102400 204800 307200 409600 512000 614400 716800 819200 --methods full infllm ltri ltri:lam=10 --steps 2 --setup-only full --out $@
 results/bench/memory_evicted_llama3_h100.json: | install

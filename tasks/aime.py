@@ -45,6 +45,7 @@ class MathSet:
     id_keys: tuple[str, ...]
     solution_key: str | None = None      # gold = last \boxed{} of this field when no answer field
     context_key: str | None = None       # prepended to the problem when non-empty (OlympiadBench)
+    level_key: str | None = None         # difficulty level (MATH-500), for `task.levels`
 
 
 SETS = {
@@ -56,6 +57,8 @@ SETS = {
                             ("idx", "id"), solution_key="solution"),
     "olympiadbench": MathSet("Hothan/OlympiadBench", "OE_TO_maths_en_COMP", "train", ("question",),
                              ("final_answer",), ("id",), context_key="context"),
+    "math500": MathSet("HuggingFaceH4/MATH-500", None, "test", ("problem",), ("answer",), ("unique_id",),
+                       solution_key="solution", level_key="level"),
 }
 
 
@@ -83,7 +86,8 @@ def parse_row(row: dict, spec: MathSet, index: int) -> dict[str, Any]:
         problem = f"{context}\n{problem}"
     rid = _first(row, spec.id_keys)
     return {"id": str(rid if rid is not None else index), "problem": str(problem),
-            "answer": None if answer is None else str(answer)}
+            "answer": None if answer is None else str(answer),
+            "level": row.get(spec.level_key) if spec.level_key else None}
 
 
 def load_problems(cfg, spec: MathSet) -> tuple[list[dict[str, Any]], list[str]]:
@@ -136,6 +140,10 @@ class MathTask(Task):
         if not hasattr(self, "_problems"):
             self._problems, self._dropped = load_problems(self.cfg, SETS[self.dataset])
         probs = self._problems
+        levels = self.cfg.get("levels")
+        if levels is not None:            # MATH-500: keep the listed difficulty levels (dataset order kept)
+            keep = {int(x) for x in levels}
+            probs = [p for p in probs if p.get("level") is not None and int(p["level"]) in keep]
         n = self.cfg.get("num_problems")
         return probs[: int(n)] if n is not None else probs
 
@@ -176,7 +184,8 @@ class MathTask(Task):
                 "k": int(self.cfg.get("k", 1)), "temperature": float(self.cfg.temperature),
                 "top_p": float(self.cfg.top_p), "max_new_tokens": int(self.cfg.max_new_tokens),
                 "scorer": "last \\boxed{} (brace-matched) + math-verify verify(gold, pred)",
-                "dropped_no_gold": self._dropped}
+                "dropped_no_gold": self._dropped, "levels": self.cfg.get("levels"),
+                "problems": len(self.problems())}
 
 
 def summarize_pass1(rows: list[dict]) -> dict[str, Any]:
@@ -218,3 +227,12 @@ class MinervaMath(MathTask):
 class OlympiadBench(MathTask):
     name = "olympiadbench"
     dataset = "olympiadbench"
+
+
+@register
+class Math500(MathTask):
+    """MATH-500 (HuggingFaceH4/MATH-500), same protocol; `levels` picks difficulty levels (1 = easiest):
+    the embedded stand-in for LycheeDecode Table 2's sets, which SmolLM2-135M cannot solve at all."""
+
+    name = "math500"
+    dataset = "math500"

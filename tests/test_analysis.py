@@ -118,8 +118,8 @@ def test_not_implemented_items_say_so(capsys):
     assert main(["render", "tidal.fig5"]) == 2
     assert "not implemented in analysis/ yet" in capsys.readouterr().err
     assert main(["run", "cascade.table10"]) == 2
-    assert main(["table", "2"]) == 2                      # LycheeDecode table 2 by default
-    assert "lychee.table2, not implemented" in capsys.readouterr().err
+    assert main(["table", "10", "--paper", "cascade"]) == 2   # (LycheeDecode's and Cascading's table 2 run)
+    assert "cascade.table10, not implemented" in capsys.readouterr().err
     assert main(["render", "nope.table1"]) == 2
 
 

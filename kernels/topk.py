@@ -1,0 +1,115 @@
+"""Top-k positions per row of a score matrix, as one Triton kernel (radix select), for the
+selection steps of TidalDecode and LycheeDecode.
+
+Same contract as `kernels.topk_positions` (torch.topk + sort): scores fp32 [B, H, S], -inf at or past
+each length (never selected); returns (index int32 [B, H, k], counts int32 [B, H]) with k = min(topk,
+S), counts = min(k, finite entries); the valid prefix sorted by position, padding 0. +inf entries
+(forced tokens) are ordinary largest values. Ties at the k-th value go to the lowest positions
+(torch.topk breaks them arbitrarily): only tied scores can make the two differ.
+
+Kernel: one program per row. The fp32 bits are mapped to order-preserving uint32 keys; four passes
+of an 8-bit histogram over the candidates sharing the digits found so far give the k-th largest key
+T and how many of its ties to take; a last pass writes the positions with key > T, then the first
+ties, in position order (a running prefix sum), so the output is already sorted. Five reads of the
+row, no sort, no [B, H, S] temporaries (torch.topk + sort allocate and sort k-sized rows and the
+unsorted top-k reads the row more than once at large k).
+"""
+from __future__ import annotations
+
+import torch
+
+from ._common import backend_for, kernel_for, tl, triton
+
+
+def topk_positions_ref(scores, lengths, topk):
+    """The contract above with the ties rule made deterministic (lowest positions first)."""
+    B, H, S = scores.shape
+    kk = min(int(topk), S)
+    finite = scores > float("-inf")
+    # rank by (score desc, position asc): a stable descending sort
+    order = scores.sort(dim=-1, descending=True, stable=True).indices[..., :kk]
+    keep = finite.gather(-1, order)
+    counts = keep.sum(-1)
+    idx = torch.where(keep, order, S).sort(-1).values
+    idx = torch.where(idx == S, 0, idx)
+    return idx.to(torch.int32), counts.to(torch.int32).contiguous()
+
+
+@triton.jit
+def _key(x):
+    """Order-preserving uint32 key of fp32 x (larger float -> larger key)."""
+    b = x.to(tl.uint32, bitcast=True)
+    neg = (b >> 31) == 1
+    return tl.where(neg, b ^ 0xFFFFFFFF, b | 0x80000000)
+
+
+@triton.jit
+def _topk_kernel(Sc, Idx, Cnt, S, K, s_row, BLOCK: tl.constexpr, KPAD: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    base = Sc + row * s_row
+    bins = tl.arange(0, 256)
+    prefix = tl.zeros((), tl.uint32)
+    k_rem = tl.zeros((), tl.int32)
+    for p in tl.static_range(4):
+        shift: tl.constexpr = 24 - 8 * p
+        hist = tl.zeros((256,), tl.int32)
+        for s0 in range(0, S, BLOCK):
+            offs = s0 + tl.arange(0, BLOCK)
+            x = tl.load(base + offs, mask=offs < S, other=float("-inf"))
+            cand = (offs < S) & (x > float("-inf"))
+            key = _key(x)
+            if p > 0:
+                cand = cand & ((key >> (shift + 8)) == prefix)
+            digit = ((key >> shift) & 0xFF).to(tl.int32)
+            hist += tl.histogram(digit, 256, mask=cand)
+        if p == 0:  # k_eff = min(k, finite entries)
+            k_rem = tl.minimum(K, tl.sum(hist, 0))
+        # suffix sums: above[d] = candidates with digit > d
+        total = tl.sum(hist, 0)
+        upto = tl.cumsum(hist, 0)            # digits <= d
+        above = total - upto
+        at_least = above + hist              # digits >= d
+        ok = (at_least >= k_rem) & (k_rem > 0)
+        d_star = tl.max(tl.where(ok, bins, -1), 0)
+        d_sel = tl.maximum(d_star, 0)
+        gt = tl.sum(tl.where(bins > d_sel, hist, 0), 0)
+        k_rem = tl.where(d_star >= 0, k_rem - gt, k_rem)
+        prefix = (prefix << 8) | d_sel.to(tl.uint32)
+    written = tl.zeros((), tl.int32)
+    ties = tl.zeros((), tl.int32)
+    out = Idx + row * KPAD
+    for s0 in range(0, S, BLOCK):
+        offs = s0 + tl.arange(0, BLOCK)
+        x = tl.load(base + offs, mask=offs < S, other=float("-inf"))
+        fin = (offs < S) & (x > float("-inf"))
+        key = _key(x)
+        tie = fin & (key == prefix)
+        tie_rank = ties + tl.cumsum(tie.to(tl.int32), 0) - 1
+        sel = fin & ((key > prefix) | (tie & (tie_rank < k_rem)))
+        pos = written + tl.cumsum(sel.to(tl.int32), 0) - 1
+        tl.store(out + pos, offs.to(tl.int32), mask=sel & (pos < KPAD))
+        written += tl.sum(sel.to(tl.int32), 0)
+        ties += tl.sum(tie.to(tl.int32), 0)
+    n_keep = tl.minimum(written, KPAD)
+    for j0 in range(0, KPAD, BLOCK):
+        jj = j0 + tl.arange(0, BLOCK)
+        tl.store(out + jj, tl.zeros((BLOCK,), tl.int32), mask=(jj >= n_keep) & (jj < KPAD))
+    tl.store(Cnt + row, n_keep)
+
+
+def topk_positions(scores, lengths, topk, *, block: int | None = None):
+    """Top-`topk` positions per row (module docstring). Triton on CUDA, the reference elsewhere."""
+    if backend_for(scores) == "torch":
+        return topk_positions_ref(scores, lengths, topk)
+    B, H, S = scores.shape
+    kk = min(int(topk), S)
+    sc = scores if scores.stride(-1) == 1 else scores.contiguous()
+    sc = sc.reshape(B * H, S) if sc.is_contiguous() else sc.contiguous().view(B * H, S)
+    idx = torch.empty(B * H, kk, device=scores.device, dtype=torch.int32)
+    cnt = torch.empty(B * H, device=scores.device, dtype=torch.int32)
+    if kk == 0:
+        return idx.view(B, H, 0), cnt.zero_().view(B, H)
+    blk = block or (1024 if scores.is_cuda else 64)
+    kernel_for(_topk_kernel, scores)[(B * H,)](sc, idx, cnt, S, kk, sc.stride(0), BLOCK=blk, KPAD=kk,
+                                               num_warps=8 if scores.is_cuda else 1)
+    return idx.view(B, H, kk), cnt.view(B, H)

@@ -1,0 +1,104 @@
+"""LycheeDecode's token-selection modes (HITsz-TMG/TMGNLP LycheeDecode/src/utils/utils.py), as
+functions of the retrieval heads' scores returning (index int32 [B, n, k], counts int32 [B, n]) in
+the kit's convention (methods/selection.py): the valid prefix of a row is sorted by position,
+padding holds 0. Scores: fp32 [B, n, S], unscaled q̄·K, -inf at or past each length. Every rule is
+device-only (no host int from the data) and has a fixed output shape.
+
+  topk       get_sparse_attn_mask_from_topk: the first `sink` and last `recent` tokens are forced in
+             and COUNT in the budget; the remaining budget - sink - recent go to the best others;
+             budget <= sink + recent keeps sinks + recent only (so the set can exceed the budget).
+  ratio      get_sparse_attn_mask_from_radio: topk with budget int((1 - ratio) * length) (ratio =
+             the sparsity), the same forced sinks and recent tokens.
+  topp       get_sparse_attn_mask_from_topp: the smallest prefix of tokens by probability whose
+             mass before the last one is <= p (probabilities softmax(scale * s)); nothing forced.
+  threshold  get_sparse_attn_mask_from_threshold: tokens with probability > tau; nothing forced.
+"""
+from __future__ import annotations
+
+import torch
+
+from kernels.topk import topk_positions
+
+
+def _pos(scores: torch.Tensor) -> torch.Tensor:
+    return torch.arange(scores.shape[-1], device=scores.device)
+
+
+def forced(scores: torch.Tensor, lengths: torch.Tensor, sink: int, recent: int) -> torch.Tensor:
+    """[B, 1, S] bool: the sink and recent slots of each sequence (inside its length)."""
+    pos = _pos(scores).view(1, 1, -1)
+    n = lengths.view(-1, 1, 1).long()
+    return ((pos < sink) | (pos >= n - recent)) & (pos < n)
+
+
+def topk(scores, lengths, budget: int, sink: int, recent: int):
+    """Top-`budget` set per row with sinks and recent tokens forced in and counted."""
+    S = scores.shape[-1]
+    k = min(max(int(budget), sink + recent), S)
+    boosted = torch.where(forced(scores, lengths, sink, recent), float("inf"), scores)
+    if budget <= sink + recent:
+        # only the forced tokens: rank them first, drop every other slot
+        boosted = torch.where(torch.isinf(boosted) & (boosted > 0), boosted, float("-inf"))
+    return topk_positions(boosted, lengths, k)
+
+
+def top_blocks(block_scores, budget_blocks: int):
+    """The block-level path (modeling_llama_block_level.py, get_sparse_block_indices_from_topk): the
+    top `budget_blocks` blocks by max-pooled q̄·K, nothing forced. Block scores are -inf past the length."""
+    return topk_positions(block_scores, None, budget_blocks)
+
+
+def from_mask(mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A selection mask [B, n, S] -> (positions sorted ascending, padded with 0; counts)."""
+    S = mask.shape[-1]
+    key = torch.where(mask, _pos(mask), S)
+    idx = key.sort(-1).values
+    return torch.where(idx == S, 0, idx).to(torch.int32), mask.sum(-1).to(torch.int32)
+
+
+def ratio(scores, lengths, sparsity: float, sink: int, recent: int):
+    """topk with a per-sequence budget int((1 - sparsity) * length), computed on the device in float64
+    (Python's int(float) truncation of the reference)."""
+    n = lengths.view(-1, 1, 1).long()
+    budget = torch.floor((1.0 - sparsity) * n.double()).long()
+    must = forced(scores, lengths, sink, recent)
+    n_forced = must.sum(-1, keepdim=True)
+    keep = torch.maximum(torch.minimum(budget, n), n_forced)  # budget <= forced count: forced only
+    boosted = torch.where(must, float("inf"), scores)
+    order = boosted.sort(dim=-1, descending=True, stable=True).indices
+    rank = torch.empty_like(order).scatter_(-1, order, _pos(scores).expand_as(order))
+    mask = (rank < keep) & (scores > float("-inf"))
+    return from_mask(mask)
+
+
+def probabilities(scores: torch.Tensor, scale: float) -> torch.Tensor:
+    return torch.softmax(scores * scale, dim=-1)  # -inf past the length -> exactly 0
+
+
+def topp(scores, lengths, p: float, scale: float):
+    probs = probabilities(scores, scale)
+    srt, order = probs.sort(dim=-1, descending=True, stable=True)
+    keep_sorted = (srt.cumsum(-1) - srt) <= p
+    mask = torch.zeros_like(keep_sorted).scatter_(-1, order, keep_sorted) & (scores > float("-inf"))
+    return from_mask(mask)
+
+
+def threshold(scores, lengths, tau: float, scale: float):
+    mask = (probabilities(scores, scale) > tau) & (scores > float("-inf"))
+    return from_mask(mask)
+
+
+def sink_recent(lengths: torch.Tensor, heads: int, sink: int, recent: int, span: int):
+    """DuoAttention's streaming set: the first `sink` and last `recent` tokens of each sequence
+    (index [B, heads, min(sink + recent, span)], counts [B, heads])."""
+    B = lengths.shape[0]
+    k = min(sink + recent, span)
+    j = torch.arange(k, device=lengths.device).view(1, 1, k)
+    n = lengths.view(B, 1, 1).long()
+    first = min(sink, k)
+    n_sink = torch.clamp(n, max=first)                        # sinks present
+    start = torch.maximum(n - recent, n_sink)                 # recent window, not overlapping sinks
+    pos = torch.where(j < n_sink, j, start + (j - n_sink))
+    count = n_sink + (n - start)
+    pos = torch.where(j < count, pos, 0)
+    return pos.expand(B, heads, k).to(torch.int32).contiguous(), count.view(B, 1).expand(B, heads).to(torch.int32).contiguous()

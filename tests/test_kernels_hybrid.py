@@ -1,0 +1,140 @@
+"""Hybrid-head decode and retrieval-score kernels (kernels/hybrid_triton.py) against their torch
+references: in Triton's interpreter on small shapes (CPU), and at the Llama-3-8B shape on the GPU
+(`-m gpu`). Mixed, all-retrieval and all-sparse layers; token and block (page) index sets; lengths
+that are not multiples of anything; NaN in every slot nothing wrote and in every kernel buffer."""
+from __future__ import annotations
+
+import os
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+
+import kernels  # noqa: E402
+from kernels import _common, hybrid as H  # noqa: E402
+
+pytestmark = pytest.mark.skipif(
+    not (kernels.HAVE_TRITON and (torch.cuda.is_available() or _common.interpreter_active())),
+    reason="triton missing, or imported before TRITON_INTERPRET=1 could be set (run this module alone)")
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+@pytest.fixture(autouse=True)
+def poisoned(monkeypatch):
+    monkeypatch.setenv("HARNESS_KERNELS", "triton")
+    from kernels import hybrid_triton as HT
+
+    nan = lambda *s, device, dtype: torch.full(s, float("nan"), device=device, dtype=dtype)  # noqa: E731
+    monkeypatch.setattr(HT, "_empty", nan)
+
+
+def rel(a, b):
+    assert torch.isfinite(a).all(), "unwritten (NaN) or non-finite output"
+    return ((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-12)).item()
+
+
+def case(B, G, Hkv, S, D, lens, dtype, seed, n_idx, page=1):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(B, G * Hkv, D, generator=g)
+    k = torch.randn(B, Hkv, S, D, generator=g) + 0.3
+    v = torch.randn(B, Hkv, S, D, generator=g)
+    lengths = torch.tensor(lens, dtype=torch.int32)
+    for b, n in enumerate(lens):  # slots nothing wrote hold NaN: every reader must mask them
+        k[b, :, n:] = float("nan")
+        v[b, :, n:] = float("nan")
+    index = torch.zeros(B, Hkv, n_idx, dtype=torch.int32)
+    counts = torch.zeros(B, Hkv, dtype=torch.int32)
+    for b, n in enumerate(lens):
+        units = -(-n // page)
+        for h in range(Hkv):
+            c = int(torch.randint(1, min(n_idx, units) + 1, (1,), generator=g))
+            index[b, h, :c] = torch.randperm(units, generator=g)[:c].sort().values
+            index[b, h, c:] = 12345  # padding: never read
+            counts[b, h] = c
+    return [t.to(DEV) for t in (q.to(dtype), k.to(dtype), v.to(dtype), lengths, index, counts)]
+
+
+ROLES = [(True, False, True, False), (True, True, True, True), (False, False, False, False), (False, True, False, False)]
+
+
+@pytest.mark.parametrize("roles", ROLES)
+@pytest.mark.parametrize("page,dtype", [(1, torch.float32), (4, torch.float32), (1, torch.bfloat16)])
+@pytest.mark.parametrize("chunk", [None, 32])
+def test_hybrid_decode_matches_reference(roles, page, dtype, chunk):
+    q, k, v, lengths, index, counts = case(2, 2, 4, 120, 32, [77, 118], dtype, seed=len(roles) + page, n_idx=9,
+                                           page=page)
+    ret = torch.tensor(roles, device=DEV)
+    all_ret = all(roles)
+    got = H.hybrid_decode(q, k, v, lengths, ret, None if all_ret else index, None if all_ret else counts, 0.2,
+                          max_length=120, page=page, roles=roles, chunk=chunk)
+    if page > 1:
+        from kernels.attention import decode_attention_ref, sparse_decode_pages_ref
+        rq = ret.repeat_interleave(2).view(1, -1, 1)
+        want = torch.where(rq, decode_attention_ref(q, k, v, lengths, 0.2),
+                           sparse_decode_pages_ref(q, k, v, index, counts, page, lengths, 0.2))
+    else:
+        want = H.hybrid_decode_ref(q, k, v, lengths, ret, None if all_ret else index, None if all_ret else counts, 0.2)
+    assert got.dtype == dtype
+    assert rel(got, want) < (2e-5 if dtype == torch.float32 else 1e-2)
+
+
+def test_hybrid_plan_balances_work():
+    from kernels.hybrid_triton import plan
+
+    ch, nf, ns = plan(n_ret=1, n_sparse=7, slots_full=131072, slots_sparse=4096, batch=1, block=64, sms=132,
+                      programs_per_sm=4.0)
+    assert nf * ch >= 131072 and ns * ch >= 4096 and ch % 64 == 0
+    assert abs(nf * ch / 131072 - 1) < 0.1 and nf > 8 * ns  # full heads get proportionally more splits
+
+
+@pytest.mark.parametrize("pool", [1, 4, 32])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_retrieval_scores_match_reference(pool, dtype):
+    q, k, v, lengths, _, _ = case(2, 3, 3, 100, 32, [61, 100], dtype, seed=pool, n_idx=4)
+    heads = torch.tensor([2, 0], device=DEV)
+    got = H.retrieval_scores(q, k, lengths, heads, max_length=100, block=pool)
+    want = H.retrieval_scores_ref(q, k, lengths, heads, 100, pool)
+    if DEV == "cpu":
+        want = torch.nn.functional.pad(want, (0, got.shape[-1] - want.shape[-1]), value=float("-inf"))
+    assert got.shape == want.shape
+    fin = torch.isfinite(want)
+    assert torch.equal(fin, torch.isfinite(got))
+    tol = 1e-4 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(got[fin], want[fin], atol=tol * 10, rtol=tol)
+
+
+# --- real shapes on the GPU ----------------------------------------------------------------------------
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("B,S,n_ret", [(1, 131072, 1), (8, 32768, 1), (4, 131072, 4), (2, 65536, 8)])
+@pytest.mark.parametrize("page", [1, 64])
+def test_hybrid_decode_llama3_shape(B, S, n_ret, page):
+    HQ, HKV, D = 32, 8, 128
+    g = torch.Generator(device="cuda").manual_seed(B + S)
+    q = torch.randn(B, HQ, D, device="cuda", generator=g).bfloat16()
+    k = (torch.randn(B, HKV, S, D, device="cuda", generator=g) + 0.5).bfloat16()
+    v = torch.randn(B, HKV, S, D, device="cuda", generator=g).bfloat16()
+    lengths = torch.randint(S // 2, S + 1, (B,), device="cuda", dtype=torch.int32, generator=g)
+    n_idx = 4096 // page
+    index = torch.stack([torch.randperm(S // 2 // page, device="cuda", generator=g)[:n_idx].sort().values
+                         for _ in range(B * HKV)]).view(B, HKV, n_idx).int()
+    counts = torch.full((B, HKV), n_idx, device="cuda", dtype=torch.int32)
+    roles = tuple(h < n_ret for h in range(HKV))
+    ret = torch.tensor(roles, device="cuda")
+    got = H.hybrid_decode(q, k, v, lengths, ret, index, counts, D ** -0.5, max_length=S, page=page, roles=roles)
+    from kernels.attention import decode_attention_ref, sparse_decode_pages_ref
+    dense = decode_attention_ref(q, k, v, lengths, D ** -0.5, S)
+    sparse = (H.hybrid_decode_ref(q, k, v, lengths, torch.zeros_like(ret), index, counts, D ** -0.5, S) if page == 1
+              else sparse_decode_pages_ref(q, k, v, index, counts, page, lengths, D ** -0.5))
+    want = torch.where(ret.repeat_interleave(4).view(1, -1, 1), dense, sparse)
+    assert rel(got, want) < 1e-2
+    scores = H.retrieval_scores(q, k, lengths, torch.arange(n_ret, device="cuda"), max_length=S, block=page)
+    ref = H.retrieval_scores_ref(q, k, lengths, torch.arange(n_ret, device="cuda"), S, page)
+    fin = torch.isfinite(ref)
+    assert torch.equal(fin, torch.isfinite(scores))
+    torch.testing.assert_close(scores[fin], ref[fin], atol=0.5, rtol=2e-2)

@@ -1,0 +1,73 @@
+"""The radix-select top-k kernel (kernels/topk.py) against its reference and against the kit's
+torch.topk op: same sets on distinct scores, deterministic lowest-position ties, -inf never chosen,
++inf always (when it fits), k beyond the finite entries, sorted positions, zero padding. Interpreter
+on the CPU; real shapes (128K, B*H = 256 rows) with `-m gpu`."""
+from __future__ import annotations
+
+import os
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+
+import kernels  # noqa: E402
+from kernels import _common, topk as T  # noqa: E402
+
+pytestmark = pytest.mark.skipif(
+    not (kernels.HAVE_TRITON and (torch.cuda.is_available() or _common.interpreter_active())),
+    reason="triton missing, or imported before TRITON_INTERPRET=1 could be set (run this module alone)")
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def scores_for(B, H, S, lens, seed, ties=False, forced=()):
+    g = torch.Generator().manual_seed(seed)
+    s = torch.randn(B, H, S, generator=g) * 3
+    if ties:
+        s = (s * 2).round() / 2   # many exact ties
+    for b, n in enumerate(lens):
+        s[b, :, n:] = float("-inf")
+    for p in forced:
+        s[..., p] = float("inf")
+    return s.to(DEV), torch.tensor(lens, dtype=torch.int32, device=DEV)
+
+
+@pytest.mark.parametrize("S,lens,k", [(300, [300, 171], 40), (300, [37, 300], 64), (257, [257], 257),
+                                      (100, [5, 100], 300), (513, [513, 400], 1)])
+@pytest.mark.parametrize("ties", [False, True])
+def test_topk_kernel_matches_reference(monkeypatch, S, lens, k, ties):
+    monkeypatch.setenv("HARNESS_KERNELS", "triton")
+    s, lengths = scores_for(len(lens), 3, S, lens, seed=S + k, ties=ties, forced=(0, 2))
+    idx, cnt = T.topk_positions(s, lengths, k)
+    ridx, rcnt = T.topk_positions_ref(s, lengths, k)
+    assert torch.equal(cnt, rcnt) and torch.equal(idx, ridx)
+    kk = min(k, S)
+    assert idx.shape == (len(lens), 3, kk)
+    for b, n in enumerate(lens):
+        c = min(kk, n)
+        assert (cnt[b] == c).all()
+        assert (idx[b, :, :c].diff(dim=-1) > 0).all() and (idx[b, :, c:] == 0).all()
+        if c >= 2:  # the +inf (forced) positions are always in
+            assert ((idx[b, :, :c] == 0).any(-1) & (idx[b, :, :c] == 2).any(-1)).all()
+
+
+def test_reference_equals_the_kit_op_on_distinct_scores():
+    s, lengths = scores_for(2, 4, 500, [500, 333], seed=7)
+    a = T.topk_positions_ref(s.cpu(), lengths.cpu(), 77)
+    b = kernels.topk_positions(s.cpu(), lengths.cpu(), 77)
+    assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("B,H,S,k", [(8, 32, 131072, 4096), (1, 8, 131072, 4096), (4, 8, 32768, 2048)])
+def test_topk_kernel_real_shapes(B, H, S, k):
+    g = torch.Generator(device="cuda").manual_seed(S)
+    s = torch.randn(B, H, S, device="cuda", generator=g)
+    lengths = torch.randint(S // 2, S + 1, (B,), device="cuda", dtype=torch.int32, generator=g)
+    s = s.masked_fill(torch.arange(S, device="cuda") >= lengths.view(B, 1, 1), float("-inf"))
+    idx, cnt = T.topk_positions(s, lengths, k)
+    ridx, rcnt = kernels.topk_positions(s, lengths, k)
+    assert torch.equal(cnt, rcnt) and torch.equal(idx, ridx)
