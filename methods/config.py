@@ -76,6 +76,14 @@ class MethodConfig:
         select. Override to list a method's paths; the first entry is the representative one."""
         return [{}]
 
+    def max_context(self, info) -> int | None:
+        """The longest sequence (prompt + generated tokens) this method can read on a model `info`:
+        None = any length. The default, the model's positions, is right for every method that keeps
+        or rotates keys at their original positions; a bounded cache whose positions are in-cache
+        (StreamingLLM, Cascading, truncation) overrides it with None. Task length checks and the
+        run loop's generation check ask this (runners/validate.py, runners/run.py)."""
+        return info.max_position
+
     def full_equivalent(self, context: int) -> dict | None:
         """Option overrides under which this method must equal dense attention on sequences of up to
         `context` tokens (the conformance suite checks it), or None where the method defines no such

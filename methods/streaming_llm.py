@@ -67,6 +67,9 @@ class StreamingConfig(MethodConfig):
                 {"sink": 4, "window": 10, "prefill": "dense", "window_includes_current": True},
                 {"sink": 0, "budget": 9, "stride": 5, "window_includes_current": True}]
 
+    def max_context(self, info):
+        return None  # bounded cache, in-cache positions: any length reads through sink + window
+
     def full_equivalent(self, context):
         return {"budget": None, "window": max(self.effective_window, context)}
 

@@ -43,7 +43,7 @@ def _run(cfg: DictConfig) -> dict:
     if tokenizer is None:
         raise HarnessError(f"task {cfg.task.name} needs a tokenizer; model.weights=random found none offline "
                            f"(pass model.path=DIR with a tokenizer)")
-    task = tasks.build(cfg.task, tokenizer, model_spec(cfg.model))
+    task = tasks.build(cfg.task, tokenizer, model_spec(cfg.model, method.cfg))
     from runners.engine import Engine
 
     engine = Engine(model, method)
@@ -111,11 +111,13 @@ def _batches(samples, size):
 
 def _run_batch(engine, task, batch, tokenizer, stop_ids, info):
     first = batch[0]
-    # Generation must stay within the model's positions. NLL runs are exempt on purpose: the
-    # Cascading PG-19 protocol streams books longer than the context through a bounded cache.
-    if task.mode != "nll" and len(first.input_ids) + first.max_new_tokens > info.max_position:
+    # Generation must stay within what the method can read (the model's positions, or any length for
+    # a bounded cache with in-cache positions: MethodConfig.max_context). NLL runs are exempt on
+    # purpose: the Cascading PG-19 protocol streams books longer than the context through a bounded cache.
+    limit = engine.method.cfg.max_context(info)
+    if task.mode != "nll" and limit is not None and len(first.input_ids) + first.max_new_tokens > limit:
         raise HarnessError(f"sample {first.id}: {len(first.input_ids)} prompt + {first.max_new_tokens} new tokens "
-                           f"exceeds the model's {info.max_position} positions")
+                           f"exceeds the {limit} positions {engine.method.name} can read on this model")
     ids = torch.tensor([s.input_ids for s in batch], dtype=torch.long)
     if task.mode == "nll":
         nll = engine.nll(ids, mode=first.nll_mode, stride=first.stride).cpu()

@@ -31,14 +31,19 @@ def model_info(model_cfg) -> ModelInfo:
     )
 
 
-def model_spec(model_cfg) -> ModelSpec:
+def model_spec(model_cfg, method=None) -> ModelSpec:
+    """What a task may know of the model, as read through `method` (a typed method config): a
+    method whose `max_context` is None reads any length, so the task's lengths are not refused
+    (the prompt-building length, max_length, stays the model's: LongBench still truncates there)."""
     info = model_info(model_cfg)
+    limit = info.max_position if method is None else method.max_context(info)
     return ModelSpec(
         name=str(model_cfg.name),
-        max_length=min(int(model_cfg.max_length), info.max_position),
+        max_length=min(int(model_cfg.max_length), info.max_position, limit or info.max_position),
         chat_template=bool(model_cfg.get("chat_template", True)),
         stop_tokens=list(model_cfg.get("stop_tokens") or []),
-        max_position=info.max_position,
+        max_position=min(info.max_position, limit or info.max_position),
+        any_length=limit is None,
     )
 
 
@@ -58,5 +63,5 @@ def validate(cfg: DictConfig) -> None:
     info = model_info(cfg.model)
     if info.arch not in SUPPORTED:
         raise ConfigError(f"model family {info.arch!r} is not supported; supported: {', '.join(SUPPORTED)}")
-    methods.get(cfg.method.name).validate(cfg.method, info)
-    tasks.get(cfg.task.name).validate(cfg.task, model_spec(cfg.model))
+    method = methods.get(cfg.method.name).validate(cfg.method, info)
+    tasks.get(cfg.task.name).validate(cfg.task, model_spec(cfg.model, method))

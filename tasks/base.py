@@ -43,10 +43,16 @@ class ModelSpec:
     chat_template: bool = True           # instruct model: may apply its chat template
     stop_tokens: list[str] = field(default_factory=list)
     max_position: int | None = None      # positions the model supports: prompt + new tokens must fit
+    any_length: bool = False             # the method reads any length (bounded cache, in-cache positions)
 
     @property
     def positions(self) -> int:
         return self.max_position or self.max_length
+
+    def too_long(self, tokens: int, limit: int | None = None) -> bool:
+        """Whether `tokens` (a prompt, or prompt + new tokens) exceed what the model can read through
+        the run's method: `limit` (default max_length); never when the method reads any length."""
+        return not self.any_length and tokens > (self.max_length if limit is None else limit)
 
 
 class Task:

@@ -30,7 +30,7 @@ class Passkey(Task):
     def validate(cls, cfg, model):
         super().validate(cfg, model)
         for length in cfg.lengths:
-            if int(length) + int(cfg.max_new_tokens) > model.max_length:
+            if model.too_long(int(length) + int(cfg.max_new_tokens)):
                 raise ConfigError(f"task.lengths: {length} + {cfg.max_new_tokens} new tokens exceeds "
                                   f"{model.name}'s maximum of {model.max_length} tokens")
         for d in cfg.depths:

@@ -86,12 +86,12 @@ class PasskeyDigits(Task):
         if template == "chat" and not model.chat_template:
             raise ConfigError(f"task.template=chat but model {model.name} has no chat template")
         lengths = [int(x) for x in cfg.lengths]
-        too_long = [x for x in lengths if x > model.max_length]
+        too_long = [x for x in lengths if model.too_long(x)]
         if too_long:
             raise ConfigError(f"task.lengths {too_long} exceed model {model.name} max_length "
                               f"{model.max_length}")
         new = int(cfg.get("max_new_tokens", 50))
-        no_room = [x for x in lengths if x + new > model.positions]
+        no_room = [x for x in lengths if model.too_long(x + new, model.positions)]
         if no_room:
             raise ConfigError(f"task.lengths {no_room} + {new} new tokens exceed the {model.positions} "
                               f"positions of model {model.name}")

@@ -69,7 +69,7 @@ class Ruler(Task):
         for L in lengths:
             if not isinstance(L, int) or L <= 0:
                 raise ConfigError(f"task.lengths must be positive integers, got {L!r}")
-            if L > model.max_length:
+            if model.too_long(L):
                 raise ConfigError(f"RULER length {L} exceeds model {model.name}'s max_length {model.max_length}")
         if int(cfg.get("samples_per_task", 0)) < 1:
             raise ConfigError("task.samples_per_task must be >= 1")
