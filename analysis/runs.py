@@ -17,6 +17,7 @@ from typing import Any
 
 from analysis import compact
 from runners.results import NOT_HASHED
+from runners.store import read_rows as _store_read_rows
 
 GROUPS = ("method", "task", "model", "runner")
 _MISSING = object()
@@ -92,17 +93,9 @@ def expand(sweeps: list[list[str]], extra: list[str], label) -> list[Cell]:
 # --- the results store -----------------------------------------------------------------------------
 
 def read_rows(path: Path) -> list[dict]:
-    """samples.jsonl rows; a torn last line (a run killed mid-write) is skipped."""
-    if not path.exists():
-        return []
-    out = []
-    for line in path.read_text().splitlines():
-        if line.strip():
-            try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError:
-                pass
-    return out
+    """samples.jsonl rows, one per id, through the run loop's own reader (runners.store.read_rows:
+    a torn last line or a corrupt line is skipped, a duplicate id counted once)."""
+    return _store_read_rows(path)
 
 
 class Store:
@@ -225,17 +218,18 @@ def same(a: Any, b: Any) -> bool:
 
 
 def expected_samples(config: dict, values: dict[str, Any]) -> int | None:
-    """Samples the run must hold: the task's grid (lengths x depths x rounds/repeats) capped by the
-    cell's task.limit (no limit in the cell = the whole grid); None when the task has no such grid
-    (then a summary means complete)."""
+    """Samples the run must hold: the task's grid (lengths x depths x rounds/repeats), with the cell's
+    task.limit applied per length as the run loop does (tasks.base.Task.limited; no limit in the
+    cell = the whole grid); None when the task has no such grid (then a summary means complete)."""
     task = config.get("task", {})
-    grid = None
+    per_length = None
     if task.get("lengths") and task.get("depths"):
-        grid = len(task["lengths"]) * len(task["depths"]) * int(task.get("rounds") or task.get("repeats") or 1)
+        per_length = len(task["depths"]) * int(task.get("rounds") or task.get("repeats") or 1)
     limit = values.get("task.limit")   # the cell's own limit, not the last launch's (not hashed)
-    if limit is None:
-        return grid
-    return int(limit) if grid is None else min(int(limit), grid)
+    if per_length is None:
+        return None if limit is None else int(limit)
+    n_lengths = len(set(task["lengths"]))
+    return n_lengths * (per_length if limit is None else min(int(limit), per_length))
 
 
 def metric_stats(run: Run, metric: str, scale: float) -> dict[str, Any] | None:

@@ -1,21 +1,14 @@
 #!/usr/bin/env bash
-# One device-machine session: GPU parity tests, then the latency benchmarks, logs under $OUT.
-# Usage (on the GPU box, repo root): bash bench/gpu_session.sh [tests|engine|tpot|all]
+# GPU checks on the device machine (repo root), logs under $OUT. Start with `source bench/device_setup.sh`.
+#   bash bench/gpu_session.sh tests    kernel, engine and method parity at real and tiny shapes (registry-driven)
+#   bash bench/gpu_session.sh golden   the embedded SmolLM2 fast path vs the recorded tokens/NLL (needs the GGUF)
+# The latency benchmarks are declared per file with their one command: `python -m analysis bench KEY|FILE`
+# (set HARNESS_COMMIT=<sha> on a copy without .git); see `python -m analysis list`.
 set -uo pipefail
-what=${1:-all}
 out=${OUT:-results/bench}
-export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
-if [[ $what == tests || $what == all ]]; then
-  python3 -m pytest -q -p no:cacheprovider tests/test_kernels_fused.py tests/test_engine_gpu.py tests/test_methods_gpu.py \
-    tests/test_kernels_gpu.py 2>&1 | tail -25 | tee "$out/gpu_tests.log"
-fi
-if [[ $what == engine || $what == all ]]; then
-  python3 -m bench.engine --model llama3 --weights random --lengths 8192 32768 131072 --steps 32 \
-    --repeat 2 --out "$out/engine_llama3_h100.json" 2>&1 | grep -v -i warn | tail -6
-fi
-if [[ $what == tpot || $what == all ]]; then
-  python3 -m bench.tpot --model llama3 --weights random --contexts 10240 32768 102400 \
-    --out "$out/tpot_llama3_h100.json" 2>&1 | grep -v -i warn
-  python3 -m bench.tpot --model llama2_7b --weights random --contexts 10240 32768 \
-    --out "$out/tpot_llama2_7b_h100.json" 2>&1 | grep -v -i warn
-fi
+case ${1:-tests} in
+  tests)  python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_kernels_fused.py tests/test_engine_gpu.py \
+            tests/test_methods_gpu.py tests/test_kernels_gpu.py 2>&1 | tail -30 | tee "$out/gpu_tests.log" ;;
+  golden) python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_golden.py 2>&1 | tail -15 | tee "$out/gpu_golden.log" ;;
+  *) echo "usage: bash bench/gpu_session.sh tests|golden"; exit 2 ;;
+esac

@@ -13,6 +13,7 @@ per-query-head sets), so K/V rows are loaded once per program; the slot range is
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from ._common import (HAVE_TRITON, LOG2E, backend_for, combine, kernel_for, next_pow2, num_sms,
                       plan_splits, tl, triton)
@@ -186,11 +187,23 @@ def decode_attention_ref(q, k, v, lengths, scale, max_length=None):
     B, Hq, D = q.shape
     Hkv = k.shape[1]
     S = _span(lengths, max_length)
+    if not lengths.is_cuda and bool((lengths == S).all()):
+        # Every slot of the span holds a token (the usual equal-length batch on the CPU): nothing to
+        # mask, so the CPU's fused SDPA kernel (0.5 ms vs 0.9 ms for the masked path below per layer,
+        # 2K tokens, SmolLM2 heads, one thread).
+        out = F.scaled_dot_product_attention(q.unsqueeze(2), k[:, :, :S], v[:, :, :S], scale=scale,
+                                             enable_gqa=Hq != Hkv)
+        return out[:, :, 0]
     live = _live(lengths, S)
     s = torch.where(live, _logits_ref(q, k, S) * scale, float("-inf"))
     p = torch.softmax(s, -1).view(B, Hkv, Hq // Hkv, S)
-    vs = torch.where(live.view(B, 1, S, 1), v[:, :, :S].float(), 0.0)  # unwritten slots: no NaN leak
-    return torch.einsum("bhgs,bhsd->bhgd", p, vs).reshape(B, Hq, D).to(q.dtype)
+    # Slots past a sequence's length may hold garbage (NaN): zero their values with where() rather
+    # than trust probability 0 (0 x NaN = NaN); on the CPU only the tail past the shortest length.
+    lo = 0 if lengths.is_cuda else int(lengths.min())
+    out = torch.einsum("bhgs,bhsd->bhgd", p[..., :lo], v[:, :, :lo].float())
+    tail = torch.where(live[..., lo:].view(B, 1, S - lo, 1), v[:, :, lo:S].float(), 0.0)
+    out = out + torch.einsum("bhgs,bhsd->bhgd", p[..., lo:], tail)
+    return out.reshape(B, Hq, D).to(q.dtype)
 
 
 def _gather_ref(q, k, v, pos, valid, scale):

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from torch.nn.attention.bias import causal_lower_right
 
 from ._common import HAVE_TRITON, LOG2E, backend_for, kernel_for, next_pow2, tl, triton
 
@@ -33,6 +32,9 @@ def prefill_attention(q, k, v, scale, q_pos=None, k_pos=None):
     mask = None
     if q_pos is None and k_pos is None:
         if T > 1:
+            # imported here: torch.nn.attention.bias pulls in torch._dynamo (2-4 s per process)
+            from torch.nn.attention.bias import causal_lower_right
+
             mask = causal_lower_right(T, L)
     else:
         mask = _visible(q_pos, k_pos, T, L, q.device)

@@ -88,6 +88,11 @@ class Method:
     # (no Python ints from the step, no allocation-dependent shapes): the engine may then capture
     # decode in a CUDA graph, re-capturing whenever a tensor of `buffers()` moves.
     graph_safe: ClassVar[bool] = False
+    # True if running a decode step twice at the same position leaves the state of running it once
+    # (it only writes the slots of that position, or merges idempotently: min/max). The engine warms
+    # a graph up by running the step before capturing it; for a method that is not idempotent
+    # (scores accumulated, tokens evicted) it saves and restores the declared buffers around that.
+    decode_idempotent: ClassVar[bool] = False
 
     def __init__(self, cfg: Any):
         self.cfg = cfg if isinstance(cfg, self.Config) else self.Config.parse(cfg)

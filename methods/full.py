@@ -25,6 +25,7 @@ class Full(Method):
     name = "full"
     Config = FullConfig
     graph_safe = True
+    decode_idempotent = True  # a step writes only its own position
 
     def setup(self, info, batch, max_len, device, dtype):
         self.info = info

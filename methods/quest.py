@@ -71,6 +71,7 @@ class Quest(Method):
     name = "quest"
     Config = QuestConfig
     graph_safe = True  # static shapes, device lengths: the decode step is capturable
+    decode_idempotent = True  # a step writes only its own position (page bounds: min/max)
 
     def setup(self, info, batch, max_len, device, dtype):
         self.info = info
@@ -82,7 +83,7 @@ class Quest(Method):
         self.bounds.allocate(info.num_layers, batch, info.num_kv_heads, cap, info.head_dim, device, dtype)
         self.batch = batch
         self.page_budget = max(c.min_pages, c.budget // c.page_size)  # host int: the selection's width
-        self.selected: dict[int, torch.Tensor] = {}  # layer -> page indices of the last decode step
+        self.selected: dict[int, torch.Tensor] = {}  # layer -> pages of the last decode step, -1 = none
         self._heads: dict[int, torch.Tensor] = {}
 
     def buffers(self):
@@ -124,7 +125,7 @@ class Quest(Method):
 
     def select(self, layer: int, q1: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Page sets (int32 [B, H, k], counts [B, H]) for the rotated decode query q1 [B, Hq, D];
-        H = Hq, or Hkv with pool=kv_head. Kept by reference in `selected` for tests and analysis."""
+        H = Hq, or Hkv with pool=kv_head. A copy with -1 past the counts is kept in `selected`."""
         c = self.cfg
         kmin, kmax = self.bounds.kmin[layer], self.bounds.kmax[layer]
         scores = kernels.quest_page_scores(q1, kmin, kmax, self.pages_valid)  # [B, Hq, n_pages] fp32
@@ -132,7 +133,7 @@ class Quest(Method):
             scores = selection.group_reduce(scores, self.info.num_kv_heads, "sum")
         pages, counts = selection.top_pages(scores, self.pages_valid, self.page_budget,
                                             force_last=c.include_current_page, row_budget=self.row_budget)
-        self.selected[layer] = pages
+        self.selected[layer] = selection.marked(pages, counts)
         return pages, counts
 
     def _tokens(self, pages, counts):

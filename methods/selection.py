@@ -54,3 +54,9 @@ def top_pages(page_scores: torch.Tensor, pages_valid: torch.Tensor, budget: int,
     `row_budget` int [B] lowers the budget per sequence on the device (Quest's clamp of the budget
     to the context length); the last valid page is always taken with `force_last`."""
     return kernels.quest_topk_pages(page_scores, budget, pages_valid, force_last=force_last, row_budget=row_budget)
+
+
+def marked(index: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    """A readable copy of index sets for tests and analysis: entries past each count set to -1."""
+    live = torch.arange(index.shape[-1], device=index.device) < counts.unsqueeze(-1)
+    return torch.where(live, index, -1)

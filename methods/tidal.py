@@ -84,6 +84,7 @@ class TidalDecode(Method):
     name = "tidal"
     Config = TidalConfig
     graph_safe = True  # static shapes, device lengths: the decode step is capturable
+    decode_idempotent = True  # a step writes only its own position
 
     def setup(self, info, batch, max_len, device, dtype):
         self.info = info
@@ -91,7 +92,7 @@ class TidalDecode(Method):
         self.store.allocate(info.num_layers, batch, info.num_kv_heads, max_len, info.head_dim, device, dtype)
         self.batch = batch
         self._clean_end = 0   # tokens before this position have dense-computed KV
-        self.selected: dict[int, torch.Tensor] = {}  # selection layer -> its token set (tests, analysis)
+        self.selected: dict[int, torch.Tensor] = {}  # selection layer -> its token sets, -1 = none
 
     def buffers(self):
         return self.store.buffers()
@@ -129,7 +130,7 @@ class TidalDecode(Method):
         if layer in c.selection_layers:
             out, scores = kernels.selection_attention(q1, keys, values, self.lengths, scale, max_length=cap)
             self.index, self.counts = self.select(scores, step.positions)
-            self.selected[layer] = self.index
+            self.selected[layer] = selection.marked(self.index, self.counts)
             self.record(layer, self.lengths)
             return out.view(B, 1, -1)
         self.record(layer, self.counts)

@@ -7,7 +7,10 @@ before any model loads or any job is launched.
 """
 from __future__ import annotations
 
+import json
+import shutil
 import sys
+import warnings
 from pathlib import Path
 
 from common.errors import ConfigError, HarnessError
@@ -18,6 +21,23 @@ MAX_COMBINATIONS = 4096
 _FLAGS = {"-m", "--multirun", "--help", "-h", "--hydra-help", "--version", "--resolve", "--info", "-i"}
 _FLAGS_WITH_VALUE = {"--cfg", "-c", "--package", "-p", "--config-path", "-cp", "--config-name", "-cn",
                      "--config-dir", "-cd", "--experimental-rerun"}
+
+
+def is_hydra_override(a: str) -> bool:
+    return a.startswith(("hydra.", "hydra/", "+hydra", "~hydra", "++hydra"))
+
+
+def hydra_overrides(argv: list[str]) -> list[str]:
+    """The overrides of Hydra's own config (launcher, sweep dir ...), checked once per command."""
+    out, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a in _FLAGS_WITH_VALUE:
+            skip = True
+        elif is_hydra_override(a):
+            out.append(a)
+    return out
 
 
 def user_overrides(argv: list[str]) -> list[str] | None:
@@ -34,7 +54,7 @@ def user_overrides(argv: list[str]) -> list[str] | None:
         if a in _FLAGS_WITH_VALUE:
             skip = True
             continue
-        if a.startswith("hydra.") or a.startswith("hydra/") or a.startswith("+hydra") or a.startswith("~hydra"):
+        if is_hydra_override(a):
             continue
         out.append(a)
     return out
@@ -60,7 +80,7 @@ def _one_line(e: Exception) -> str:
         return f"unknown config key {key!r} (see conf/ for the keys each group takes)"
     if "Could not find" in first:
         # "In 'config': Could not find 'method/foo'" then "Available options in 'method':" + one per line
-        first = first.replace("In 'config': ", "")
+        first = first.replace("In 'config': ", "").replace("In 'hydra/config': ", "")
         if any(line.startswith("Available options") for line in lines):
             i = next(i for i, line in enumerate(lines) if line.startswith("Available options"))
             options = [line for line in lines[i + 1:] if ":" not in line and "=" not in line]
@@ -68,11 +88,21 @@ def _one_line(e: Exception) -> str:
     return first
 
 
+def _compose(overrides: list[str], hydra_config: bool = False):
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    GlobalHydra.instance().clear()
+    with warnings.catch_warnings():   # e.g. the submitit_local schema-matching notice: not the user's problem
+        warnings.simplefilter("ignore")
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+            return compose(config_name="config", overrides=overrides, return_hydra_config=hydra_config)
+
+
 def prevalidate(argv: list[str]) -> None:
     overrides = user_overrides(argv)
     if overrides is None:
         return
-    from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
     from runners.validate import validate
@@ -81,15 +111,20 @@ def prevalidate(argv: list[str]) -> None:
         combos = expand(overrides)
     except Exception as e:
         _fail(f"cannot parse overrides: {_one_line(e)}")
+    try:   # Hydra's own side (launcher, sweep settings): once, with the first combination
+        hcfg = _compose(hydra_overrides(argv) + combos[0], hydra_config=True)
+    except Exception as e:
+        _fail(_one_line(e))
+    _check_launcher(hcfg, multirun=any(a in ("-m", "--multirun") for a in argv))
+    data_checked = set()
     for combo in combos:
-        GlobalHydra.instance().clear()
         try:
-            with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-                cfg = compose(config_name="config", overrides=combo)
+            cfg = _compose(combo)
         except Exception as e:
             _fail(_one_line(e))
         try:
             validate(cfg)
+            _check_data(cfg, data_checked)
         except HarnessError as e:
             _fail(str(e))
         except Exception as e:  # an unexpected config shape: still one line, never a traceback
@@ -97,6 +132,36 @@ def prevalidate(argv: list[str]) -> None:
     GlobalHydra.instance().clear()
 
 
+def _check_launcher(hcfg, multirun: bool) -> None:
+    """A Slurm sweep from a machine without Slurm would end in submitit's 29-line traceback."""
+    target = str(hcfg.hydra.launcher.get("_target_", ""))
+    if multirun and target.endswith("SlurmLauncher") and not (shutil.which("sbatch") and shutil.which("srun")):
+        _fail("hydra/launcher=slurm needs Slurm, and there is no sbatch/srun on this machine; "
+              "use hydra/launcher=submitit_local (or local) to run the sweep here")
+
+
+def _check_data(cfg, seen: set) -> None:
+    """Task.check_data once per distinct task config of the sweep (it may look at the hub)."""
+    import tasks
+    from runners import hub
+    from runners.validate import model_spec
+    from tasks.base import Task
+
+    cls = tasks.get(cfg.task.name)
+    if cls.check_data.__func__ is Task.check_data.__func__:
+        return   # the default checks nothing: no need to probe the hub
+    spec = model_spec(cfg.model)
+    from omegaconf import OmegaConf
+
+    key = json.dumps([OmegaConf.to_container(cfg.task, resolve=True), vars(spec)], sort_keys=True, default=str)
+    if key in seen:
+        return
+    seen.add(key)
+    hub.offline_if_unreachable()
+    cls.check_data(cfg.task, spec)
+
+
 def _fail(message: str) -> None:
+    message = " ".join(line.strip() for line in str(message).splitlines() if line.strip())
     print(f"error: {message}", file=sys.stderr)
     sys.exit(ConfigError.exit_code)

@@ -24,6 +24,10 @@ from runners.models import SUPPORTED
 from runners.sampling import sample_next
 
 
+class NonFiniteLogits(RuntimeError):
+    """A sample's logits held NaN or inf: its answer would be argmax noise (the run records a failed row)."""
+
+
 @dataclass
 class Timings:
     prefill_s: float = 0.0
@@ -142,7 +146,8 @@ class Engine:
     def recompute(self, start: int, end: int) -> None:
         """Re-run cached tokens start..end-1 as a phase "correct" step (no logits, seq_len unchanged):
         the method rewrites their KV densely (TidalDecode's cache correction)."""
-        self.layers(self.history[:, start:end], "correct", start, torch.arange(start, end, device=self.device))
+        ids = self.history[:, start:end].clone()  # layers() writes the history: no self-overlapping copy
+        self.layers(ids, "correct", start, torch.arange(start, end, device=self.device))
 
     # --- prefill / decode ----------------------------------------------------------------------
     def prefill(self, ids: torch.Tensor, logits: str = "last") -> torch.Tensor | None:
@@ -206,16 +211,24 @@ class Engine:
         stop = torch.tensor(sorted(set(int(s) for s in stop_ids)) or [-1], device=self.device)
         out = torch.empty(B, max_new_tokens, dtype=torch.long, device=self.device)
         done = torch.zeros(B, dtype=torch.bool, device=self.device)
+        finite = torch.ones((), dtype=torch.bool, device=self.device)
         n = 0
         timer.start()
         for n in range(1, max_new_tokens + 1):
+            finite &= torch.isfinite(logits).all()  # argmax of NaN logits would answer silently
             token = sample_next(logits, temperature, top_p, gen)
             out[:, n - 1] = token
             done |= torch.isin(token, stop)
-            if n == max_new_tokens or bool(done.all()):  # one host sync per token to stop early
+            if n == max_new_tokens:
+                break
+            all_done, ok = torch.stack([done.all(), finite]).tolist()  # one host sync per token
+            if not ok or all_done:
                 break
             logits = self.decode(token)
         decode_s = timer.stop()
+        if not bool(finite):
+            raise NonFiniteLogits(f"non-finite logits by generated token {n} (a NaN/inf in the model or "
+                                  f"the method): no answer recorded")
         timings.decode_steps = max(n - 1, 0)
         timings.decode_ms_per_token = 1000 * decode_s / timings.decode_steps if timings.decode_steps else None
         timings.peak_mem_gib = _peak_mem(self.device)

@@ -41,14 +41,21 @@ class DecodeGraph:
         self.graph = None  # free the previous graph's pool first
         self.tok = token.view(-1).clone()
         self.pos = torch.full((1,), eng.seq_len, dtype=torch.long, device=eng.device)
-        # Warm-up on a side stream (library handles, Triton compilation). The step writes the KV
-        # of position seq_len; running it again at the same position writes the same values.
+        # Warm-up on a side stream (library handles, Triton compilation) runs the step for real:
+        # harmless for a method whose step is idempotent at a position, otherwise its declared
+        # buffers are saved first and restored after (scores would double, tokens be evicted).
+        saved = {} if eng.method.decode_idempotent else {
+            name: t.clone() for name, t in eng.method.buffers().items() if t is not None}
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             for _ in range(2):
                 eng.decode_logits(self.tok, self.pos, graphed=True)
         torch.cuda.current_stream().wait_stream(side)
+        for name, t in eng.method.buffers().items():
+            if name in saved:
+                t.copy_(saved[name])
+        del saved
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             self.logits = eng.decode_logits(self.tok, self.pos, graphed=True)

@@ -7,7 +7,9 @@ under `$HARNESS_CACHE` (default `~/.cache/sparse-decode-harness`) and load that 
 """
 from __future__ import annotations
 
+import functools
 import importlib.util
+import re
 import os
 from pathlib import Path
 
@@ -77,11 +79,26 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     return table[name]
 
 
+DEVICE_RE = re.compile(r"auto|cpu|mps|cuda(:\d+)?")
+
+
+def check_device_name(name) -> None:
+    """The spelling of runner.device (availability is checked where the run happens: a Slurm sweep
+    is validated on a login node without GPUs)."""
+    if not (isinstance(name, str) and DEVICE_RE.fullmatch(name)):
+        raise ConfigError(f"runner.device must be auto, cpu, cuda, cuda:N or mps, got {name!r}")
+
+
 def resolve_device(name: str) -> torch.device:
     if name in (None, "auto"):
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    check_device_name(name)
+    if name == "mps" and not torch.backends.mps.is_available():
+        raise ConfigError("runner.device=mps but MPS is not available on this machine")
     if name.startswith("cuda") and not torch.cuda.is_available():
         raise ConfigError(f"runner.device={name} but CUDA is not available on this machine")
+    if name.startswith("cuda:") and int(name[5:]) >= torch.cuda.device_count():
+        raise ConfigError(f"runner.device={name} but this machine has {torch.cuda.device_count()} CUDA device(s)")
     return torch.device(name)
 
 
@@ -96,9 +113,40 @@ def config_from_arch(arch: dict):
     return AutoConfig.for_model(model_type, **arch)
 
 
-def load(model_cfg, device: torch.device, dtype: torch.dtype):
-    """Return (model, tokenizer) per `model_cfg` (tokenizer may be None for random weights)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+def _source(model_cfg):
+    """Where a pretrained model comes from: (local dir or hub id, from_pretrained kwargs). Checks
+    that it can be had (path exists; hub id cached or reachable) before anything loads."""
+    if model_cfg.get("path"):
+        source = Path(model_cfg.path)
+        if not source.exists():
+            raise HarnessError(f"model.path={source} does not exist")
+        return source, {}
+    if model_cfg.get("gguf"):
+        return _materialize_gguf(model_cfg.gguf.package, model_cfg.gguf.file), {}
+    kwargs = {"revision": model_cfg.get("revision")}
+    _check_hub(model_cfg.hub_id, kwargs["revision"])
+    return model_cfg.hub_id, kwargs
+
+
+def load_tokenizer(model_cfg):
+    """The model's tokenizer alone (seconds): the run loop builds the task's samples with it before
+    the model loads, so a bad task input fails fast. None for random weights without a local source."""
+    if model_cfg.get("weights", "pretrained") == "random":
+        # local only: never wait on the hub for a latency run
+        return _load_tokenizer(model_cfg) if (model_cfg.get("path") or model_cfg.get("gguf")) else None
+    from transformers import AutoTokenizer
+
+    source, kwargs = _source(model_cfg)
+    try:
+        return AutoTokenizer.from_pretrained(source, **kwargs)
+    except OSError as e:
+        raise _load_error(source, e) from None
+
+
+def load(model_cfg, device: torch.device, dtype: torch.dtype, tokenizer=None):
+    """Return (model, tokenizer) per `model_cfg` (tokenizer may be None for random weights). A
+    tokenizer already loaded by `load_tokenizer` is passed through instead of loading it again."""
+    from transformers import AutoModelForCausalLM
 
     weights = model_cfg.get("weights", "pretrained")
     if weights == "random":
@@ -106,31 +154,28 @@ def load(model_cfg, device: torch.device, dtype: torch.dtype):
         torch.manual_seed(0)
         with torch.device(device):
             model = AutoModelForCausalLM.from_config(config, dtype=dtype)
-        tokenizer = None
-        if model_cfg.get("path") or model_cfg.get("gguf"):  # local only: never wait on the hub here
-            tokenizer = _load_tokenizer(model_cfg)
+        if tokenizer is None:
+            tokenizer = load_tokenizer(model_cfg)
         return _ready(model), tokenizer
 
-    if model_cfg.get("path"):
-        source, kwargs = Path(model_cfg.path), {}
-        if not source.exists():
-            raise HarnessError(f"model.path={source} does not exist")
-    elif model_cfg.get("gguf"):
-        source, kwargs = _materialize_gguf(model_cfg.gguf.package, model_cfg.gguf.file), {}
-    else:
-        source, kwargs = model_cfg.hub_id, {"revision": model_cfg.get("revision")}
-        _check_hub(source, kwargs["revision"])
+    if tokenizer is None:
+        tokenizer = load_tokenizer(model_cfg)
+    source, kwargs = _source(model_cfg)
     try:
-        tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
         model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, **kwargs).to(device)
     except OSError as e:
-        if isinstance(source, str):
-            raise HarnessError(f"cannot load {source!r} from the Hugging Face hub ({type(e).__name__}); "
-                               f"download it and pass model.path=DIR") from None
-        raise HarnessError(f"cannot load the model from {source}: {str(e).splitlines()[0]}") from None
+        raise _load_error(source, e) from None
     return _ready(model), tokenizer
 
 
+def _load_error(source, e: OSError) -> HarnessError:
+    if isinstance(source, str):
+        return HarnessError(f"cannot load {source!r} from the Hugging Face hub ({type(e).__name__}); "
+                            f"download it and pass model.path=DIR")
+    return HarnessError(f"cannot load the model from {source}: {str(e).splitlines()[0]}")
+
+
+@functools.lru_cache(maxsize=None)   # the tokenizer and the model ask about the same repo
 def _check_hub(repo_id: str, revision: str | None) -> None:
     """Fail fast, in one line, when a hub model is neither cached nor reachable (the hub client
     would otherwise retry for about a minute and log every attempt)."""

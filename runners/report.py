@@ -41,7 +41,9 @@ def _group_lines(key: str, groups: dict) -> list[str]:
 def print_table(summary: dict) -> None:
     m = summary.get("metrics", {})
     scalars = {k: v for k, v in m.items() if not isinstance(v, dict)}
-    lines = [f"\n{summary['method']} | {summary['task']} | {summary['model']}  ({summary['n_samples']} samples)",
+    failed = summary.get("n_failed") or 0
+    count = f"{summary['n_samples']} samples" + (f", {failed} failed" if failed else "")
+    lines = [f"\n{summary['method']} | {summary['task']} | {summary['model']}  ({count})",
              "  " + "  ".join(f"{k}={_fmt(v)}" for k, v in scalars.items())]
     for key, groups in m.items():
         if isinstance(groups, dict):
@@ -49,5 +51,9 @@ def print_table(summary: dict) -> None:
     t = summary.get("timings", {})
     if t:
         lines.append("  timings: " + "  ".join(f"{k}={_fmt(v)}" for k, v in t.items()))
+    if failed:
+        first = (summary.get("failed") or [{}])[0]
+        lines.append(f"  failed: {failed} (first: {first.get('id')}: {first.get('error')}); metrics exclude them; "
+                     f"rerun the same command to retry them")
     lines.append(f"  results: {summary.get('results_dir')}")
     print("\n".join(lines))

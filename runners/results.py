@@ -1,9 +1,12 @@
-"""Result storage: results/runs/<task>/<model>/<method>/<hash>/{config.yaml, samples.jsonl, summary.json}.
+"""Result storage: results/runs/<task>/<model>/<method>/<hash>/{config.yaml, samples.jsonl, failed.jsonl,
+summary.json}.
 
 The hash is over the resolved config minus keys that do not change results (logging, progress,
-where results go, and `task.limit`, so that raising the limit reuses the rows already computed).
-Rows are appended and flushed one by one; a restarted run skips the ids already present, so an
-interrupted run loses at most the sample in flight and never writes a row twice.
+where results go, what to do on a sample's error, and `task.limit`, so that raising the limit reuses
+the rows already computed). Rows go through `runners.store.RowStore`: appended and fsync'ed one by
+one under a lock; a restarted run skips the ids already present, retries the ids that failed, and
+repairs what a kill left behind (see store.py), so an interrupted run loses at most the sample in
+flight and never writes a row twice.
 """
 from __future__ import annotations
 
@@ -16,8 +19,11 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from runners.store import RowStore, read_failures, read_rows
+
 # Keys (dotted) that do not affect results and so stay out of the run hash.
-NOT_HASHED = ("runner.wandb", "runner.progress", "runner.results_dir", "runner.name", "task.limit")
+NOT_HASHED = ("runner.wandb", "runner.progress", "runner.results_dir", "runner.name", "runner.on_error",
+              "task.limit")
 
 
 def config_hash(cfg) -> str:
@@ -34,52 +40,68 @@ def config_hash(cfg) -> str:
 
 
 class RunDir:
+    """A run's directory. Reading needs nothing; writing starts with open() (creates the directory,
+    becomes a writer) and ends with close()."""
+
     def __init__(self, cfg):
+        self.cfg = cfg
         self.hash = config_hash(cfg)
         self.path = Path(cfg.runner.results_dir) / cfg.task.name / cfg.model.name / cfg.method.name / self.hash
-        self.path.mkdir(parents=True, exist_ok=True)
-        OmegaConf.save(cfg, self.path / "config.yaml", resolve=True)
         self.samples_path = self.path / "samples.jsonl"
+        self.failed_path = self.path / "failed.jsonl"
         self.summary_path = self.path / "summary.json"
+        self.store: RowStore | None = None
+
+    def open(self) -> None:
+        self.path.mkdir(parents=True, exist_ok=True)
+        tmp = self.path / f"config.yaml.tmp{os.getpid()}"
+        OmegaConf.save(self.cfg, tmp, resolve=True)
+        os.replace(tmp, self.path / "config.yaml")
+        self.store = RowStore(self.path)
+        self.store.open()
+
+    def close(self) -> None:
+        if self.store is not None:
+            self.store.close()
+            self.store = None
 
     def rows(self) -> list[dict]:
-        """Rows already written. A torn last line (killed mid-write) is dropped, not fatal."""
-        if not self.samples_path.exists():
-            return []
-        out = []
-        with open(self.samples_path) as f:
-            for line in f:
-                line = line.strip()
-                if not line:
-                    continue
-                try:
-                    out.append(json.loads(line))
-                except json.JSONDecodeError:
-                    continue
-        return out
+        """Finished rows, one per id (see store.read_rows)."""
+        return read_rows(self.samples_path)
 
     def done_ids(self) -> set[str]:
         return {r["id"] for r in self.rows()}
 
-    def repair(self) -> None:
-        """Rewrite the file without a torn trailing line so appends start on a fresh line."""
-        if not self.samples_path.exists():
-            return
-        raw = self.samples_path.read_text()
-        if raw and not raw.endswith("\n"):
-            good = self.rows()
-            tmp = self.samples_path.with_suffix(".tmp")
-            tmp.write_text("".join(json.dumps(r) + "\n" for r in good))
-            os.replace(tmp, self.samples_path)
+    def failures(self) -> list[dict]:
+        """Failed rows of samples not finished since, one per id."""
+        return read_failures(self.failed_path, self.done_ids())
 
-    def append(self, row: dict) -> None:
-        with open(self.samples_path, "a") as f:
-            f.write(json.dumps(row, default=_json_default) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
+    def claim(self, sample_id: str) -> bool:
+        return self.store.claim(sample_id)
+
+    def append(self, row: dict) -> bool:
+        return self.store.append(row)
+
+    def record_failure(self, row: dict) -> None:
+        self.store.fail(row)
+
+    def line_count(self) -> int:
+        """Lines in samples.jsonl and failed.jsonl (rows ever written since the last compaction)."""
+        n = 0
+        for path in (self.samples_path, self.failed_path):
+            if path.exists():
+                with open(path, "rb") as f:
+                    n += sum(1 for _ in f)
+        return n
+
+    def previous_summary(self) -> dict | None:
+        try:
+            return json.loads(self.summary_path.read_text())
+        except (FileNotFoundError, json.JSONDecodeError):
+            return None
 
     def write_summary(self, summary: dict) -> None:
-        tmp = self.summary_path.with_suffix(".tmp")
+        tmp = self.summary_path.with_name(f"summary.json.tmp{os.getpid()}")
         tmp.write_text(json.dumps(summary, indent=2, default=_json_default))
         os.replace(tmp, self.summary_path)
 

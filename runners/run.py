@@ -1,4 +1,10 @@
-"""The run loop: validate, load, walk the task's samples, write one row per sample, summarize."""
+"""The run loop: validate, build the task's samples, load, walk the samples, write one row per
+sample, summarize.
+
+Order matters for a user's first minute: everything that can be wrong with the input (config, task
+data, prompt lengths, the model's source) is found before the model loads and before a run
+directory exists, and reported as one `error:` line with exit code 2.
+"""
 from __future__ import annotations
 
 import sys
@@ -10,69 +16,134 @@ from tqdm import tqdm
 
 import methods
 import tasks
-from runners import models
 from common.errors import HarnessError
+from runners import hub, models
+from runners.batch import batches, mean_timings, run_batch_safely
 from runners.report import print_table
 from runners.results import RunDir, environment
 from runners.validate import model_info, model_spec, validate
 from runners.wandb_log import WandbLogger
 
+MAX_WARNINGS = 5    # failed samples announced one by one; the rest are counted in the summary
 
-def run(cfg: DictConfig) -> dict | None:
+
+def run(cfg: DictConfig, report: bool = True) -> dict | None:
     """Entry point called by run.py. Bad input ends with one line on stderr and exit code 2."""
     try:
-        return _run(cfg)
+        return _run(cfg, report)
     except HarnessError as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {one_line(e)}", file=sys.stderr)
         sys.exit(e.exit_code)
 
 
-def _run(cfg: DictConfig) -> dict:
+def one_line(e: Exception) -> str:
+    return " ".join(line.strip() for line in str(e).splitlines() if line.strip()) or type(e).__name__
+
+
+def _run(cfg: DictConfig, report: bool) -> dict:
     validate(cfg)
     t0 = time.time()
-    torch.manual_seed(int(cfg.runner.seed))
     device = models.resolve_device(cfg.runner.device)
     dtype = models.resolve_dtype(cfg.runner.dtype, device)
-    out = RunDir(cfg)
-    out.repair()
-
-    model, tokenizer = models.load(cfg.model, device, dtype)
-    info = methods.ModelInfo.from_hf_config(model.config)
-    _check_arch(cfg, info)
-    method = methods.build(cfg.method, info)
+    hub.offline_if_unreachable()   # before anything asks the hub: fail in one line, not after a minute of retries
+    # Task lengths are checked against what the method can read (a bounded cache with in-cache
+    # positions reads any length: MethodConfig.max_context), not only the model's positions.
+    spec = model_spec(cfg.model, methods.get(cfg.method.name).validate(cfg.method, model_info(cfg.model)))
+    tasks.get(cfg.task.name).check_data(cfg.task, spec)
+    tokenizer = models.load_tokenizer(cfg.model)
     if tokenizer is None:
         raise HarnessError(f"task {cfg.task.name} needs a tokenizer; model.weights=random found none offline "
                            f"(pass model.path=DIR with a tokenizer)")
-    task = tasks.build(cfg.task, tokenizer, model_spec(cfg.model, method.cfg))
+    task = tasks.build(cfg.task, tokenizer, spec)
+    # Build every prompt once before the model loads: a length too short for the prompt or missing
+    # data fails here, and the count is the progress bar's total. (Samples are built again, lazily,
+    # in the loop: a 1M-token grid never sits in memory whole.)
+    plan = [s.id for s in task.limited()]
+    if len(set(plan)) != len(plan):
+        raise HarnessError(f"task {cfg.task.name} yields duplicate sample ids; rows are keyed by id")
+
+    torch.manual_seed(int(cfg.runner.seed))
+    model, tokenizer = models.load(cfg.model, device, dtype, tokenizer=tokenizer)
+    info = methods.ModelInfo.from_hf_config(model.config)
+    _check_arch(cfg, info)
+    method = methods.build(cfg.method, info)
     from runners.engine import Engine
 
     engine = Engine(model, method)
     stop_ids = _stop_ids(tokenizer, cfg.model)
 
+    out = RunDir(cfg)
+    out.open()
+    try:
+        return _loop(cfg, out, task, engine, tokenizer, stop_ids, info, method, plan, dtype, device, t0, report)
+    finally:
+        out.close()
+
+
+def _loop(cfg, out, task, engine, tokenizer, stop_ids, info, method, plan, dtype, device, t0, report) -> dict:
     done = out.done_ids()
-    # Samples are built lazily: a 1M-token passkey grid would otherwise sit in memory whole.
-    todo = (s for s in task.limited() if s.id not in done)
+    kept = sum(1 for i in plan if i in done)
+    planned = set(plan)
+    retry = [f["id"] for f in out.failures() if f["id"] in planned]
+    if kept or retry:
+        print(f"resuming {out.path}: {kept} of {len(plan)} samples kept, {len(plan) - kept} to run"
+              + (f" ({len(retry)} failed before: retrying them)" if retry else ""), file=sys.stderr)
     common = {"task": cfg.task.name, "model": cfg.model.name, "method": cfg.method.name,
               "run_id": out.hash, "weights": cfg.model.get("weights", "pretrained"), "dtype": str(dtype),
-              "device": str(device), "semantics": method.semantics(), "protocol": task.describe()}
-    limit = cfg.task.get("limit")
-    bar = tqdm(total=int(limit) if limit is not None else None, initial=len(done), desc=f"{cfg.method.name}/{cfg.task.name}",
+              "device": str(device), "semantics": method.semantics(), "protocol": task.describe(),
+              "writer": out.store.writer}
+    previous = out.previous_summary()
+    # W&B steps must grow across reruns: start above every step a previous process can have logged
+    # (each logged row is a line on disk, and only a finished run compacts, recording its steps).
+    base = int(((previous or {}).get("wandb") or {}).get("steps") or 0) + out.line_count()
+    logger = WandbLogger(cfg, out.hash, base_step=base)
+    todo = (s for s in task.limited() if out.claim(s.id))   # skips finished ids and other writers' samples
+    bar = tqdm(total=len(plan), initial=kept, desc=f"{cfg.method.name}/{cfg.task.name}",
                disable=not cfg.runner.progress, mininterval=1.0, file=sys.stderr)
-    for batch in _batches(todo, int(cfg.runner.batch_size)):
-        for row in _run_batch(engine, task, batch, tokenizer, stop_ids, info):
-            out.append({**common, **row})
-            bar.update(1)
-    bar.close()
+    failed_now = 0
+    try:
+        for batch in batches(todo, int(cfg.runner.batch_size)):
+            for row in run_batch_safely(engine, task, batch, tokenizer, stop_ids, info, cfg.runner.on_error):
+                row = {**common, **row}
+                if row["status"] == "ok":
+                    if not out.append(row):
+                        continue   # another writer finished it first: its row stands
+                else:
+                    out.record_failure(row)
+                    failed_now += 1
+                    if failed_now <= MAX_WARNINGS:
+                        more = "; further failures are only counted" if failed_now == MAX_WARNINGS else ""
+                        bar.write(f"warning: sample {row['id']} failed ({row['error']}); recorded in "
+                                  f"{out.failed_path.name}, the run goes on{more}", file=sys.stderr)
+                logger.row(row)
+                bar.update(1)
+    finally:
+        bar.close()
 
     rows = out.rows()
+    failures = out.failures()
+    elsewhere = out.store.pending_elsewhere()
     summary = {"run_id": out.hash, "task": cfg.task.name, "model": cfg.model.name, "method": cfg.method.name,
-               "n_samples": len(rows), "metrics": task.summarize(rows), "timings": _mean_timings(rows),
+               "n_samples": len(rows), "n_failed": len(failures), "n_planned": len(plan),
+               "complete": not failures and planned <= {r["id"] for r in rows},
+               "failed": [{"id": f["id"], "error": f["error"]} for f in failures[:50]],
+               "metrics": task.summarize(rows), "timings": mean_timings(rows),
                "semantics": method.semantics(), "protocol": task.describe(),
                "config": OmegaConf.to_container(cfg, resolve=True), "environment": environment(),
                "wall_s": time.time() - t0, "results_dir": str(out.path)}
+    if elsewhere:
+        summary["pending_elsewhere"] = len(elsewhere)
+    summary["wandb"] = logger.finish(rows, failures, summary, previous)
     out.write_summary(summary)
-    WandbLogger(cfg).log(rows, summary)
-    print_table(summary)
+    if report:
+        print_table(summary)
+    if elsewhere:
+        print(f"note: {len(elsewhere)} sample(s) are being computed by another process on {out.path}; "
+              f"its summary will include them", file=sys.stderr)
+    if failures:
+        print(f"warning: {len(failures)} of {len(plan)} samples failed (first: {failures[0]['id']}: "
+              f"{failures[0]['error']}); errors in {out.failed_path}; rerun the same command to retry them",
+              file=sys.stderr)
     return summary
 
 
@@ -93,56 +164,3 @@ def _stop_ids(tokenizer, model_cfg) -> list[int]:
         if tok in vocab:
             ids.add(int(vocab[tok]))
     return sorted(ids)
-
-
-def _batches(samples, size):
-    """Consecutive samples of equal prompt length and generation settings, up to `size`."""
-    batch = []
-    for s in samples:
-        key = (len(s.input_ids), s.max_new_tokens, s.decode_tail, s.temperature, s.top_p, s.seed, s.nll_mode,
-               tuple(s.stop_ids))
-        if batch and (len(batch) == size or key != batch[0][0]):
-            yield [b for _, b in batch]
-            batch = []
-        batch.append((key, s))
-    if batch:
-        yield [b for _, b in batch]
-
-
-def _run_batch(engine, task, batch, tokenizer, stop_ids, info):
-    first = batch[0]
-    # Generation must stay within what the method can read (the model's positions, or any length for
-    # a bounded cache with in-cache positions: MethodConfig.max_context). NLL runs are exempt on
-    # purpose: the Cascading PG-19 protocol streams books longer than the context through a bounded cache.
-    limit = engine.method.cfg.max_context(info)
-    if task.mode != "nll" and limit is not None and len(first.input_ids) + first.max_new_tokens > limit:
-        raise HarnessError(f"sample {first.id}: {len(first.input_ids)} prompt + {first.max_new_tokens} new tokens "
-                           f"exceeds the {limit} positions {engine.method.name} can read on this model")
-    ids = torch.tensor([s.input_ids for s in batch], dtype=torch.long)
-    if task.mode == "nll":
-        nll = engine.nll(ids, mode=first.nll_mode, stride=first.stride).cpu()
-        for s, row_nll in zip(batch, nll):
-            yield {"id": s.id, "params": s.params, "metrics": task.score_nll(s, row_nll),
-                   "input_tokens": len(s.input_ids), "nll_mode": s.nll_mode, "stride": s.stride,
-                   "nll": [round(float(x), 4) for x in row_nll], "attended": engine.method.stats()}
-        return
-    gen = engine.generate(ids, max_new_tokens=first.max_new_tokens, stop_ids=[*stop_ids, *first.stop_ids],
-                          temperature=first.temperature, top_p=first.top_p, seed=first.seed,
-                          decode_tail=first.decode_tail)
-    timings = vars(gen.timings)
-    for s, toks, reason in zip(batch, gen.tokens, gen.stop_reason):
-        text = tokenizer.decode(toks, skip_special_tokens=True)
-        yield {"id": s.id, "params": s.params, "prediction": text, "references": s.references,
-               "metrics": task.score(s, text), "input_tokens": len(s.input_ids), "output_tokens": len(toks),
-               "stop_reason": reason, "seed": s.seed, "timings": timings, "attended": engine.method.stats(),
-               "batch_size": len(batch), "timestamp": time.time()}
-
-
-def _mean_timings(rows):
-    keys = ("prefill_s", "tail_s", "decode_ms_per_token", "peak_mem_gib")
-    out = {}
-    for k in keys:
-        vals = [r["timings"][k] for r in rows if r.get("timings") and r["timings"].get(k) is not None]
-        if vals:
-            out[k] = sum(vals) / len(vals)
-    return out

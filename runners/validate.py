@@ -7,10 +7,11 @@ import methods
 import tasks
 from methods.base import ModelInfo
 from common.errors import ConfigError
-from runners.models import SUPPORTED
+from runners.models import SUPPORTED, check_device_name
 from tasks.base import ModelSpec
 
 WANDB_MODES = ("disabled", "offline", "online")
+ON_ERROR = ("record", "raise")
 
 
 def model_info(model_cfg) -> ModelInfo:
@@ -56,6 +57,9 @@ def validate(cfg: DictConfig) -> None:
         raise ConfigError(f"runner.batch_size must be >= 1, got {runner.batch_size}")
     if runner.wandb.mode not in WANDB_MODES:
         raise ConfigError(f"runner.wandb.mode must be one of {', '.join(WANDB_MODES)}, got {runner.wandb.mode!r}")
+    check_device_name(runner.device)
+    if runner.get("on_error", "record") not in ON_ERROR:
+        raise ConfigError(f"runner.on_error must be record or raise, got {runner.on_error!r}")
     if runner.dtype not in ("auto", "float32", "fp32", "bfloat16", "bf16", "float16", "fp16"):
         raise ConfigError(f"runner.dtype must be auto, float32, bfloat16 or float16, got {runner.dtype!r}")
     if cfg.model.get("weights", "pretrained") not in ("pretrained", "random"):

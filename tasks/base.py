@@ -5,7 +5,9 @@ the sample in result rows), says how to run each one (`generate` or `nll`), and 
 with the benchmark's own definition (`tasks/metrics/`). Data comes from the hub by default, a
 local `task.data_dir` when given, or is generated from `task.seed`.
 
-Every task config has `name`, `limit` (first N samples, null = all) and `seed`.
+Every task config has `name`, `limit` and `seed`. `limit` keeps the first N samples of each grid
+cell (`limit_keys`: each prompt length for tasks with a `lengths` grid, else the whole task), so
+`task.lengths=[1024,2048] task.limit=4` runs 4 samples at each length; null = all.
 """
 from __future__ import annotations
 
@@ -68,18 +70,51 @@ class Task:
     def validate(cls, cfg, model: ModelSpec) -> None:
         """Raise ConfigError (one line) before any model loads, e.g. lengths beyond the model."""
         limit = cfg.get("limit")
-        if limit is not None and int(limit) < 0:
-            raise ConfigError(f"task.limit must be >= 0 or null, got {limit}")
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
+            raise ConfigError(f"task.limit must be an integer >= 0 or null, got {limit!r}")
+        if "lengths" in cfg:   # a length grid: every entry a positive token count, whatever the task
+            lengths = cfg.lengths
+            if isinstance(lengths, (str, int, float)) or lengths is None:
+                raise ConfigError(f"task.lengths must be a list of token counts, got {lengths!r}")
+            for L in lengths:
+                if isinstance(L, bool) or not isinstance(L, int) or L <= 0:
+                    raise ConfigError(f"task.lengths must be positive integers (tokens), got {L!r}")
+
+    @classmethod
+    def check_data(cls, cfg, model: ModelSpec) -> None:
+        """Raise ConfigError (one line) when the task's data cannot be had (a missing data_dir file,
+        a hub dataset neither cached nor reachable). Called before the tokenizer or the model loads,
+        so it must be cheap: look, do not load. Default: nothing to check (generated data)."""
 
     def samples(self) -> Iterable[Sample]:
         raise NotImplementedError
 
+    def limit_keys(self) -> list[str]:
+        """Sample params that make a grid cell: `task.limit` applies to each cell. Default: the
+        prompt length, for tasks with a `lengths` grid (so a limit never cuts whole lengths off);
+        otherwise the whole task is one cell (first N samples)."""
+        return ["length"] if self.cfg.get("lengths") is not None else []
+
     def limited(self) -> Iterator[Sample]:
+        """The samples a run computes: `samples()` with `task.limit` applied per grid cell."""
         limit = self.cfg.get("limit")
-        for i, s in enumerate(self.samples()):
-            if limit is not None and i >= int(limit):
-                return
-            yield s
+        if limit is None:
+            yield from self.samples()
+            return
+        limit, keys = int(limit), self.limit_keys()
+        if limit == 0:
+            return
+        # Stop reading early once every cell is full when the number of cells is known (the lengths).
+        cells = len(set(self.cfg.lengths)) if keys == ["length"] else None
+        counts: dict[tuple, int] = {}
+        for s in self.samples():
+            cell = tuple(s.params.get(k) for k in keys)
+            n = counts.get(cell, 0)
+            if n < limit:
+                counts[cell] = n + 1
+                yield s
+                if cells is not None and len(counts) == cells and all(c >= limit for c in counts.values()):
+                    return
 
     def score(self, sample: Sample, prediction: str) -> dict[str, float]:
         """Metrics for one generated output (generate mode)."""

@@ -1,6 +1,9 @@
-"""Bad input through run.py: one line on stderr, exit code 2, before any model loads."""
+"""Bad input through run.py: one line on stderr, exit code 2, before any model loads and before a run
+directory exists."""
 from __future__ import annotations
 
+import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -17,18 +20,57 @@ CASES = [
     (["task.lengths=[100000]"], "exceeds"),
     (["runner.wandb.mode=sometimes"], "runner.wandb.mode"),
     (["-m", "task.lengths=[1024],[9000]"], "exceeds"),  # a bad combination inside a sweep
+    (["task.lengths=[0]"], "task.lengths must be positive"),
+    (["task.limit=2.5"], "task.limit"),
+    (["runner.device=tpu"], "runner.device must be"),
+    (["runner.on_error=maybe"], "runner.on_error"),
+    (["hydra/launcher=nope"], "hydra/launcher/nope'; available: basic, local, slurm"),
+    (["-m", "method=full", "hydra/launcher=submitit_local", "hydra.launcher.nope=1"], "unknown config key"),
+]
+# Found after the tokenizer, still before the model: prompts that cannot be built, models not there.
+LATE_CASES = [
+    (["task.lengths=[40]"], "too short for the passkey prompt"),
+    (["model.path=/nonexistent/model"], "model.path=/nonexistent/model does not exist"),
 ]
 
 
-@pytest.mark.parametrize("args,needle", CASES)
-def test_bad_input_is_one_line_exit_2(args, needle, tmp_path):
-    proc = subprocess.run([sys.executable, str(ROOT / "run.py"), *args, f"runner.results_dir={tmp_path}"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+def _run(args, tmp_path, env=None):
+    # the case's own arguments last: they win over these defaults
+    return subprocess.run([sys.executable, str(ROOT / "run.py"), f"runner.results_dir={tmp_path / 'runs'}",
+                           "runner.wandb.mode=disabled", f"hydra.run.dir={tmp_path / 'hydra'}", *args],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
+
+
+def _assert_one_line(proc, needle, tmp_path):
     assert proc.returncode == 2, proc.stderr
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert len(lines) == 1, proc.stderr
-    assert lines[0].startswith("error: ") and needle in lines[0]
-    assert not any(tmp_path.iterdir())  # nothing ran
+    assert lines[0].startswith("error: ") and needle in lines[0], lines[0]
+    assert not (tmp_path / "runs").exists()  # nothing ran: no run directory, not even a config.yaml
+
+
+@pytest.mark.parametrize("args,needle", CASES + LATE_CASES)
+def test_bad_input_is_one_line_exit_2(args, needle, tmp_path):
+    _assert_one_line(_run(args, tmp_path), needle, tmp_path)
+
+
+@pytest.mark.skipif(bool(shutil.which("sbatch")), reason="this machine has Slurm")
+def test_slurm_sweep_without_slurm_says_use_submitit_local(tmp_path):
+    proc = _run(["-m", "method=full,quest", "hydra/launcher=slurm"], tmp_path)
+    _assert_one_line(proc, "no sbatch/srun on this machine; use hydra/launcher=submitit_local", tmp_path)
+
+
+@pytest.mark.parametrize("args, needle", [(["task=longbench"], "LongBench"),
+                                          (["task=ruler", "task.tasks=[qa_1]", "task.lengths=[1024]"], "qa_1")])
+def test_missing_hub_data_fails_fast_without_retry_noise(args, needle, tmp_path):
+    """Hub data that is neither cached nor reachable: the endpoint probe (here: a closed local port,
+    so the test means the same on a machine with network) puts the hub in offline mode, and the task
+    fails in one line, without a minute of retry warnings and before the model loads."""
+    env = {**os.environ, "HF_ENDPOINT": "http://127.0.0.1:9", "HF_HOME": str(tmp_path / "hf")}
+    env.pop("HF_HUB_OFFLINE", None)
+    proc = _run(args, tmp_path, env=env)
+    _assert_one_line(proc, needle, tmp_path)
+    assert "Retrying" not in proc.stderr
 
 
 def test_unreachable_hub_model_names_model_path(tmp_path):

@@ -46,6 +46,7 @@ def test_chunked_prefill_equals_one_shot(smol_model):
     assert (one - chunked).abs().max().item() <= 1e-4
 
 
+@pytest.mark.long   # 4K prompts on the CPU: minutes
 def test_passkey_at_2k_and_4k(smol_model):
     """Issue requirement: >= 90% of a small grid at 2K and 4K (HF generate scored 5/5 at both)."""
     model, tok = smol_model

@@ -122,3 +122,16 @@ def test_long_prefill_runs_the_mlp_in_row_chunks(monkeypatch):
     monkeypatch.setattr(layer_ops, "_chunked", spy)
     chunked = full_engine(model).logits(ids)
     assert calls and (one - chunked).abs().max().item() <= 1e-6
+
+
+def test_nan_logits_raise_instead_of_answering():
+    """Greedy argmax of NaN logits would be an answer; the engine raises (the run records a failed row)."""
+    from runners.engine import NonFiniteLogits
+
+    model = tiny("llama")
+    eng = full_engine(model)
+    with torch.no_grad():
+        model.lm_head.weight[3, 0] = float("nan")
+    ids = torch.randint(0, model.config.vocab_size, (1, 10), generator=torch.Generator().manual_seed(6))
+    with pytest.raises(NonFiniteLogits):
+        eng.generate(ids, max_new_tokens=4)

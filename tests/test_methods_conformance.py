@@ -223,3 +223,36 @@ def test_the_checks_catch_a_leaky_method():
     assert any("method.acc" in v for v in _violations(leaky, model))
     got, _ = _poisoned_rerun(_Leaky({"name": "full"}), lambda: _Leaky({"name": "full"}), info, model)
     assert not torch.isfinite(got).all()
+
+
+@pytest.mark.parametrize("name,variant", [c for c in CASES if REGISTRY.get(c[0]).decode_idempotent])
+def test_decode_idempotent_claim_holds(name, variant):
+    """A method that says `decode_idempotent` has its CUDA graph warmed up without saving its
+    buffers: running a decode step twice at one position must leave what running it once leaves."""
+    model = tiny_model(6)
+    method = build(OmegaConf.create(cfg_of(name, variant)), ModelInfo.from_hf_config(model.config))
+    eng = Engine(model, method)
+    ids = ids_for(6)
+    eng.reset(2, TOTAL)
+    eng.prefill(ids[:, :PROMPT])
+    position = torch.tensor([PROMPT])
+    states = []
+    with torch.inference_mode():
+        for _ in range(2):
+            eng.decode_logits(ids[:, PROMPT], position)
+            states.append({k: t.clone() for k, t in method.buffers().items() if t is not None})
+    for key in states[0]:
+        assert torch.equal(states[0][key].nan_to_num(0), states[1][key].nan_to_num(0)), f"{name}: {key} changed"
+
+
+@pytest.mark.parametrize("name,variant", CASES)
+def test_batch_equals_one_at_a_time(name, variant):
+    """Sequences batched together (runner.batch_size > 1: equal-length prompts) get exactly what
+    each gets alone: no state crosses the batch dimension."""
+    model = tiny_model(6)
+    info = ModelInfo.from_hf_config(model.config)
+    ids = torch.randint(0, 128, (3, TOTAL), generator=torch.Generator().manual_seed(7))
+    batched = run(model, build(OmegaConf.create(cfg_of(name, variant)), info), ids)
+    for b in range(3):
+        alone = run(model, build(OmegaConf.create(cfg_of(name, variant)), info), ids[b:b + 1])
+        assert (batched[b:b + 1] - alone).abs().max().item() <= 1e-5, b

@@ -1,4 +1,5 @@
-"""The run loop on the embedded model: rows, summary, resume after an interruption, W&B offline."""
+"""The run loop on the embedded model: rows, summary, resume after an interruption, progress, W&B
+offline, and the same rows from the same seed."""
 from __future__ import annotations
 
 import json
@@ -8,8 +9,8 @@ from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 
 from runners import run as run_module
-from runners.results import RunDir
 from runners.cli import CONF_DIR
+from runners.results import RunDir
 
 pytestmark = pytest.mark.slow
 
@@ -26,7 +27,7 @@ class Interrupt(Exception):
     pass
 
 
-def test_interrupted_run_resumes_without_repeats_or_losses(tmp_path, monkeypatch):
+def test_interrupted_run_resumes_without_repeats_or_losses(tmp_path, monkeypatch, capsys):
     cfg = _cfg(tmp_path, "runner.wandb.mode=disabled")
     real_append = RunDir.append
     calls = {"n": 0}
@@ -44,7 +45,11 @@ def test_interrupted_run_resumes_without_repeats_or_losses(tmp_path, monkeypatch
     first = RunDir(cfg).rows()
     assert len(first) == 2
 
+    capsys.readouterr()
     summary = run_module.run(cfg)
+    err = capsys.readouterr().err
+    assert "2 of 3 samples kept, 1 to run" in err             # a resumed run says what it kept
+    assert "3/3" in err                                       # the bar knows its total without task.limit
     rows = RunDir(cfg).rows()
     ids = [r["id"] for r in rows]
     assert len(rows) == 3 and len(set(ids)) == 3
@@ -73,9 +78,54 @@ def test_raising_the_limit_reuses_rows(tmp_path):
     assert summary["n_samples"] == 3 and rows[0] == first[0] and len({r["id"] for r in rows}) == 3
 
 
-def test_wandb_offline_needs_no_network(tmp_path, monkeypatch):
+def test_wandb_offline_logs_rows_once_per_config(tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_API_KEY", "")
-    cfg = _cfg(tmp_path, "runner.wandb.mode=offline", f"runner.wandb.dir={tmp_path / 'wandb'}", "task.limit=1")
-    run_module.run(cfg)
-    runs = list((tmp_path / "wandb").glob("wandb/offline-run-*"))
-    assert runs, "no offline W&B run directory was written"
+    wandb_dir = tmp_path / "wandb"
+    small = _cfg(tmp_path, "runner.wandb.mode=offline", f"runner.wandb.dir={wandb_dir}", "task.limit=1")
+    run_module.run(small)
+    runs = list(wandb_dir.glob("wandb/offline-run-*"))
+    assert len(runs) == 1, "no offline W&B run directory was written"
+    run_hash = RunDir(small).hash
+    assert runs[0].name.endswith(run_hash)                    # the W&B run id is the config hash
+    first = json.loads(RunDir(small).summary_path.read_text())["wandb"]
+    assert first["id"] == run_hash and first["logged_rows"] == 1
+
+    run_module.run(small)                                     # nothing new: no second W&B run to sync
+    assert len(list(wandb_dir.glob("wandb/offline-run-*"))) == 1
+
+    more = _cfg(tmp_path, "runner.wandb.mode=offline", f"runner.wandb.dir={wandb_dir}", "task.limit=2")
+    run_module.run(more)                                      # new rows: the same W&B run, resumed
+    runs = list(wandb_dir.glob("wandb/offline-run-*"))
+    assert len(runs) == 2 and all(r.name.endswith(run_hash) for r in runs)
+    second = json.loads(RunDir(more).summary_path.read_text())["wandb"]
+    assert second["logged_rows"] == 2 and second["steps"] > first["steps"]   # steps only grow
+
+
+def test_same_seed_same_rows(tmp_path):
+    """Two runs of one config (fresh directories, same seed) write the same rows: predictions,
+    metrics, token counts, attended-token statistics; only timings, timestamps and the writer differ.
+    Sampled decoding with the same seed repeats its tokens too."""
+    from helpers_runs import stable
+
+    from runners.engine import Engine
+
+    a = _cfg(tmp_path / "a", "runner.wandb.mode=disabled", "method=tidal", "method.budget=64")
+    b = _cfg(tmp_path / "b", "runner.wandb.mode=disabled", "method=tidal", "method.budget=64")
+    run_module.run(a, report=False)
+    run_module.run(b, report=False)
+    rows_a, rows_b = RunDir(a).rows(), RunDir(b).rows()
+    assert len(rows_a) == 3 and stable(rows_a) == stable(rows_b)
+
+    import torch
+
+    import methods
+    from runners import models
+
+    model, tok = models.load(a.model, torch.device("cpu"), torch.float32)
+    engine = Engine(model, methods.build(a.method, methods.ModelInfo.from_hf_config(model.config)))
+    ids = torch.tensor([tok("The capital of France is")["input_ids"]])
+
+    def sample(seed):
+        return engine.generate(ids, max_new_tokens=12, temperature=1.0, top_p=0.95, seed=seed).tokens
+
+    assert sample(7) == sample(7) != sample(8)

@@ -10,7 +10,7 @@ import pytest
 from omegaconf import OmegaConf
 
 import tasks
-from runners import run as run_module
+from runners import batch as batch_module
 from tasks import longbench as lb
 from tasks._infinitebench_prompts import TEMPLATES
 from tasks._tokens import bos_ids, encode_prompt, special_affixes
@@ -139,7 +139,7 @@ def test_run_loop_unions_task_stop_ids_with_the_models(monkeypatch):
     info = SimpleNamespace(max_position=100)
     a = Sample(id="a", input_ids=[1, 2], stop_ids=[13])
     b = Sample(id="b", input_ids=[1, 2])
-    assert [[s.id for s in g] for g in run_module._batches([a, b], 8)] == [["a"], ["b"]]   # not batched together
-    list(run_module._run_batch(Engine(), task, [a], tok, [0, 2], info))
-    list(run_module._run_batch(Engine(), task, [b], tok, [0, 2], info))
+    assert [[s.id for s in g] for g in batch_module.batches([a, b], 8)] == [["a"], ["b"]]   # not batched together
+    list(batch_module.run_batch(Engine(), task, [a], tok, [0, 2], info))
+    list(batch_module.run_batch(Engine(), task, [b], tok, [0, 2], info))
     assert seen == [[0, 2, 13], [0, 2]]

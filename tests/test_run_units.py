@@ -1,0 +1,125 @@
+"""Run-loop pieces without a model: task.limit per grid cell, W&B run names, device names, the hub's
+offline switch, the demo's side-by-side report."""
+from __future__ import annotations
+
+import pytest
+from helpers_runs import compose
+from omegaconf import OmegaConf
+
+from common.errors import ConfigError
+
+
+def _passkey(tok, **kw):
+    import tasks
+    from tasks.base import ModelSpec
+
+    cfg = OmegaConf.create({"name": "passkey", "limit": None, "seed": 42, "lengths": [256, 512],
+                            "depths": [0.0, 0.5, 1.0], "repeats": 2, "max_new_tokens": 4, "decode_tail": 0, **kw})
+    return tasks.build(cfg, tok, ModelSpec(name="smollm2", max_length=8192))
+
+
+def test_limit_applies_to_each_length(smol_tokenizer):
+    every = [s.id for s in _passkey(smol_tokenizer).limited()]
+    assert len(every) == 12
+    four = [s.id for s in _passkey(smol_tokenizer, limit=4).limited()]
+    # the first 4 of each length, in the task's order: the README's lengths=[...] limit=4 reaches every length
+    assert four == [i for i in every if i.startswith("len256")][:4] + [i for i in every if i.startswith("len512")][:4]
+    assert [s.id for s in _passkey(smol_tokenizer, limit=0).limited()] == []
+    assert len(list(_passkey(smol_tokenizer, limit=100).limited())) == 12
+
+
+@pytest.mark.parametrize("bad", [[0], [-5], [2.5], "1024"])
+def test_lengths_must_be_positive_token_counts(bad):
+    from tasks.base import ModelSpec, Task
+
+    with pytest.raises(ConfigError, match="task.lengths"):
+        Task.validate(OmegaConf.create({"name": "x", "limit": None, "lengths": bad}), ModelSpec("m", 100))
+
+
+def test_run_names_carry_the_swept_keys():
+    from runners.wandb_log import run_name
+
+    cfg = compose("method=tidal", "method.budget=256", "task=niah")
+    a = run_name(cfg, ["method=tidal", "method.budget=256", "method.reselect_layer=7", "task=niah",
+                       "runner.wandb.mode=offline", "task.lengths=[4096, 8192]"])
+    b = run_name(cfg, ["method=tidal", "method.budget=256", "method.reselect_layer=14", "task=niah"])
+    assert a == "tidal-k256-niah-smollm2-s42-reselect_layer=7-lengths=[4096,8192]"
+    assert b == "tidal-k256-niah-smollm2-s42-reselect_layer=14"
+    assert run_name(cfg) == "tidal-k256-niah-smollm2-s42"
+
+
+@pytest.mark.parametrize("name, ok", [("auto", True), ("cpu", True), ("cuda", True), ("cuda:1", True),
+                                      ("mps", True), ("tpu", False), ("cuda:x", False), ("", False)])
+def test_device_names(name, ok):
+    from runners.models import check_device_name
+
+    if ok:
+        check_device_name(name)
+    else:
+        with pytest.raises(ConfigError, match="runner.device"):
+            check_device_name(name)
+
+
+def test_offline_switch_reaches_libraries_already_imported(monkeypatch):
+    import datasets.config
+    import huggingface_hub.constants
+
+    from runners import hub
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", False)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setattr(hub, "_state", {})
+    monkeypatch.setattr(hub, "_reachable", lambda: False)
+    assert hub.offline_if_unreachable()
+    assert huggingface_hub.constants.HF_HUB_OFFLINE and datasets.config.HF_HUB_OFFLINE
+    assert huggingface_hub.is_offline_mode()
+    import os
+
+    assert os.environ["HF_HUB_OFFLINE"] == "1"
+    monkeypatch.setattr(hub, "_state", {})
+    monkeypatch.setattr(hub, "_reachable", lambda: (_ for _ in ()).throw(AssertionError("probed")))
+    assert hub.offline_if_unreachable()          # HF_HUB_OFFLINE=1 set: no probe
+
+
+def test_demo_explains_each_miss(monkeypatch, capsys):
+    from runners import demo
+
+    monkeypatch.setattr(demo, "_hf_check", lambda cfg, rows: print(f"  HF check of {[r['id'] for r in rows]}"))
+
+    def row(i, depth, pred, ok):
+        return {"id": i, "params": {"length": 1024, "depth": depth}, "references": ["12345"], "device": "cpu",
+                "prediction": pred, "metrics": {"accuracy": float(ok)}}
+
+    full = [row("a", 0.2, " 12345.", 1), row("b", 0.5, " 12345.", 1), row("c", 1.0, " a key", 0),
+            row("d", 1.0, " a lock", 0)]
+    sparse = [row("a", 0.2, " 12345.", 1), row("b", 0.5, " the pass", 0), row("c", 1.0, " a key", 0),
+              row("d", 1.0, " 12345", 1)]
+    fcfg, scfg = compose("method=full"), compose("method=tidal", "method.budget=256")
+    demo.show(fcfg, full, scfg, sparse, {"metrics": {"accuracy": 0.5}, "results_dir": "F"},
+              {"metrics": {"accuracy": 0.5}, "results_dir": "S"})
+    out = capsys.readouterr().out
+    assert "2 miss(es) of full attention: the 135M model's own" in out and "tidal k=256 misses 1 of them too" in out
+    assert "HF check of ['c', 'd']" in out
+    assert "tidal k=256 gets 1 of them right" in out
+    assert "1 miss(es) of tidal k=256 alone: the cost of attending 256 keys" in out
+    assert "MISS 'the pass'" in out
+
+
+def test_prevalidate_checks_hydra_overrides(capsys):
+    from runners import cli
+
+    with pytest.raises(SystemExit) as e:
+        cli.prevalidate(["hydra/launcher=nope"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "hydra/launcher/nope" in err[0]
+    cli.prevalidate(["hydra/launcher=submitit_local", "hydra.launcher.timeout_min=5"])   # fine: no exit
+    assert capsys.readouterr().err == ""
+
+
+def test_one_line_errors_join_lines():
+    from runners.run import one_line
+
+    assert one_line(ConfigError("cannot fetch x\n  (Offline)\n\nset task.data_dir")) == \
+        "cannot fetch x (Offline) set task.data_dir"
