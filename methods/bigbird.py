@@ -118,6 +118,7 @@ class BigBird(Method):
     name = "bigbird"
     Config = BigBirdConfig
     graph_safe = True  # decode: index sets from the device position, fixed shapes
+    decode_idempotent = True  # a decode step writes only its own in-block slot
 
     @property
     def prefill_chunk(self):

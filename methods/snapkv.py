@@ -75,6 +75,7 @@ class SnapKV(Method):
     name = "snapkv"
     Config = SnapKVConfig
     graph_safe = True  # decode: the slot comes from the device position minus a device offset
+    decode_idempotent = True  # a decode step writes only its own slot (the offset moves in prefill only)
 
     def setup(self, info, batch, max_len, device, dtype):
         self.info, self.batch = info, batch

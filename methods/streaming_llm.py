@@ -78,6 +78,7 @@ class StreamingLLM(Method):
     name = "streaming_llm"
     Config = StreamingConfig
     graph_safe = True  # decode: slot, visibility and lengths from the device position
+    decode_idempotent = True  # a step writes its own slot and marks it with its own position
 
     def __init__(self, cfg):
         super().__init__(cfg)

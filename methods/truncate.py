@@ -70,6 +70,7 @@ class Truncate(Method):
     name = "truncate"
     Config = TruncateConfig
     graph_safe = True  # decode: slot = position - offset (device) or position % budget
+    decode_idempotent = True  # a decode step writes only its own slot
 
     @property
     def prefill_chunk(self):

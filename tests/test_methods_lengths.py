@@ -73,7 +73,7 @@ def test_task_lengths_follow_the_method(task):
 
 
 def test_run_loop_generation_check_follows_the_method():
-    from runners.run import _run_batch
+    from runners.batch import run_batch
     from tasks.base import Sample
 
     model = tiny_model(6)
@@ -92,7 +92,7 @@ def test_run_loop_generation_check_follows_the_method():
     sample = Sample(id="s", input_ids=[1] * 500, max_new_tokens=20)
     full = Engine(model, build(OmegaConf.create({"name": "full"}), info))
     with pytest.raises(HarnessError, match="512 positions full can read"):
-        next(_run_batch(full, _Task(), [sample], _Tok(), [], info))
+        next(run_batch(full, _Task(), [sample], _Tok(), [], info))
     streaming = Engine(model, build(OmegaConf.create({"name": "streaming_llm", "sink": 4, "window": 64}), info))
-    row = next(_run_batch(streaming, _Task(), [sample], _Tok(), [], info))
+    row = next(run_batch(streaming, _Task(), [sample], _Tok(), [], info))
     assert row["input_tokens"] == 500 and row["output_tokens"] == 20
