@@ -54,8 +54,8 @@ def run_batch(engine, task, batch, tokenizer, stop_ids, info):
     # Generation must stay within what the method can read (the model's positions, or any length for
     # a bounded cache with in-cache positions: MethodConfig.max_context). NLL runs are exempt on
     # purpose: the Cascading PG-19 protocol streams books longer than the context through a bounded cache.
-    limit = engine.method.cfg.max_context(info)
-    if task.mode != "nll" and limit is not None and len(first.input_ids) + first.max_new_tokens > limit:
+    limit = engine.method.cfg.max_context(info) if task.mode != "nll" else None
+    if limit is not None and len(first.input_ids) + first.max_new_tokens > limit:
         raise HarnessError(f"sample {first.id}: {len(first.input_ids)} prompt + {first.max_new_tokens} new tokens "
                            f"exceeds the {limit} positions {engine.method.name} can read on this model")
     ids = torch.tensor([s.input_ids for s in batch], dtype=torch.long)

@@ -127,7 +127,7 @@ def test_run_loop_unions_task_stop_ids_with_the_models(monkeypatch):
     seen = []
 
     class Engine:
-        method = SimpleNamespace(stats=dict)
+        method = SimpleNamespace(stats=dict, cfg=SimpleNamespace(max_context=lambda info: info.max_position))
 
         def generate(self, ids, max_new_tokens, stop_ids, **kw):
             seen.append(sorted(stop_ids))
