@@ -21,7 +21,6 @@ import kernels
 from common.errors import ConfigError
 from methods.base import Method, register
 from methods.config import MethodConfig, option
-from methods.rope import rotate_half
 from methods.stores import SinkRingStore
 
 _HIDDEN = 1 << 40  # key position for slots a query must not see (mask: k_pos <= q_pos)
@@ -67,6 +66,9 @@ class StreamingConfig(MethodConfig):
                 {"sink": 4, "window": 10, "prefill": "dense", "window_includes_current": True},
                 {"sink": 0, "budget": 9, "stride": 5, "window_includes_current": True}]
 
+    def max_context(self, info):
+        return None  # bounded cache, in-cache positions: any length reads through sink + window
+
     def full_equivalent(self, context):
         return {"budget": None, "window": max(self.effective_window, context)}
 
@@ -75,6 +77,8 @@ class StreamingConfig(MethodConfig):
 class StreamingLLM(Method):
     name = "streaming_llm"
     Config = StreamingConfig
+    graph_safe = True  # decode: slot, visibility and lengths from the device position
+    decode_idempotent = True  # a step writes its own slot and marks it with its own position
 
     def __init__(self, cfg):
         super().__init__(cfg)
@@ -100,55 +104,52 @@ class StreamingLLM(Method):
     # --- per step: which slots are visible and at which in-cache positions ------------------------
     def begin(self, step):
         super().begin(step)
-        a, T, S = step.start, step.length, self.sink
+        S, T = self.sink, step.length
         kept_old = max(self.window - T, 0) if self.cfg.window_includes_current else self.window
-        self.first_recent = max(S, a - kept_old)  # oldest non-sink token still visible
-        slots, offsets = self.store.slots(a, a + T)
-        self.slots, self.offsets = slots, offsets
-        if step.phase == "decode":  # write-then-attend: the new token's slot is part of the view
-            self.store.mark(slots, step.positions[offsets])
+        pos = step.positions
+        if step.phase == "decode":
+            # From the device position alone (no host int: the step can be captured in a CUDA graph).
+            # Write-then-attend: the new token's slot is part of the view.
+            self.first_recent = torch.clamp(pos - kept_old, min=S)  # oldest non-sink token still visible
+            self.slots, self.offsets = self.store._slot_of(pos), None
+            self.store.mark(self.slots, pos)
+        else:
+            a = step.start
+            self.first_recent = max(S, a - kept_old)
+            self.slots, self.offsets = self.store.slots(a, a + T)
         p = self.store.slot_pos
         self.visible = (p >= 0) & ((p < S) | (p >= self.first_recent))
         self.slot_icp = self._icp(p)
         self.k_pos = torch.where(self.visible, self.slot_icp, _HIDDEN)
-        self.q_icp = self._icp(step.positions)
+        self.q_icp = self._icp(pos)
         if step.phase != "decode":  # old view captured above; now note what this chunk leaves behind
-            self.store.mark(slots, step.positions[offsets])
-        last = a + T - 1
-        self.attended = (last if last < S else S + last - self.first_recent) + 1
-        # In a decode step the visible slots are exactly the filled ones, and slots fill in order:
-        # a prefix of `attended` slots, which the decode kernel reads by length.
-        self.lengths = torch.full((self.batch,), self.attended, dtype=torch.int32, device=p.device)
-        self._cs = None
+            self.store.mark(self.slots, pos[self.offsets])
+        # Tokens attended by the step's last query. In a decode step the visible slots are exactly the
+        # filled ones, and slots fill in order: a prefix of that many slots, read by length.
+        last = pos[-1:]
+        self.lengths = (self._icp(last) + 1).to(torch.int32).expand(self.batch).contiguous()
 
     def _icp(self, p: torch.Tensor) -> torch.Tensor:
         """In-cache position: sinks keep theirs, kept recent tokens follow them contiguously."""
         return torch.where(p < self.sink, p, self.sink + p - self.first_recent)
 
-    def _rotations(self, rope, like):
-        """cos/sin for the slots and the queries, computed once per step and shared by layers."""
-        if self._cs is None:
-            cs, ss = rope.cos_sin(self.slot_icp, like)
-            cq, sq = rope.cos_sin(self.q_icp, like)
-            self._cs = (cs.unsqueeze(1), ss.unsqueeze(1), cq.unsqueeze(1), sq.unsqueeze(1))
-        return self._cs
-
     def attend(self, layer, q, k, v, rope):
-        cs, ss, cq, sq = self._rotations(rope, q)
-        qr = (q * cq + rotate_half(q) * sq).to(q.dtype)
+        # rope.apply: cos/sin computed once per step (cached by positions tensor), one fused kernel
+        # per rotation on CUDA (the whole ring is re-rotated every layer of every step).
+        qr = rope.apply(q, self.q_icp)
         store, scale = self.store, self.info.scaling
-        self.record(layer, self.attended)
+        self.record(layer, self.lengths)
         if self.step.phase == "decode":
             store.write(layer, self.slots, k, v)
-            keys = (store.k[layer] * cs + rotate_half(store.k[layer]) * ss).to(k.dtype)
+            keys = rope.apply(store.k[layer], self.slot_icp)
             out = kernels.decode_attention(qr[:, :, 0].contiguous(), keys, store.v[layer], self.lengths, scale,
                                            max_length=store.k.shape[3])
             return out.view(q.shape[0], 1, -1)
         # prefill chunk: kept slots (re-rotated) + the chunk's own keys, causal by in-cache position;
         # where() keeps whatever an empty slot holds (garbage, NaN) out of the arithmetic.
         vis = self.visible.view(1, 1, -1, 1)
-        old = torch.where(vis, (store.k[layer] * cs + rotate_half(store.k[layer]) * ss).to(k.dtype), 0)
-        new = (k * cq + rotate_half(k) * sq).to(k.dtype)
+        old = torch.where(vis, rope.apply(store.k[layer], self.slot_icp), 0)
+        new = rope.apply(k, self.q_icp)
         values = torch.cat([torch.where(vis, store.v[layer], 0), v], 2)
         out = kernels.prefill_attention(qr, torch.cat([old, new], 2), values, scale, q_pos=self.q_icp,
                                         k_pos=torch.cat([self.k_pos, self.q_icp]))
