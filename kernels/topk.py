@@ -51,7 +51,7 @@ def _topk_kernel(Sc, Idx, Cnt, S, K, s_row, BLOCK: tl.constexpr, KPAD: tl.conste
     prefix = tl.zeros((), tl.uint32)
     k_rem = tl.zeros((), tl.int32)
     for p in tl.static_range(4):
-        shift: tl.constexpr = 24 - 8 * p
+        shift = 24 - 8 * p   # a constexpr (p is): Triton 3.6 refuses re-annotating one in an unrolled loop
         hist = tl.zeros((256,), tl.int32)
         for s0 in range(0, S, BLOCK):
             offs = s0 + tl.arange(0, BLOCK)

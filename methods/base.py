@@ -144,6 +144,13 @@ class Method:
         `step.positions` (no host int): what the decode kernels read, CUDA-graph safe."""
         return (step.positions[-1:] + 1).to(torch.int32).expand(batch).contiguous()
 
+    def before_decode(self, seq_len: int) -> None:
+        """Asked by the engine before each decode step, on the host and outside any CUDA graph:
+        work that changes what the step reads (Tactic clusters the prompt's keys before the first
+        decode step). Such work must move a declared buffer so that the engine re-captures; done
+        inside the step instead, a graph's warm-up would run it and then restore the buffers from
+        before it."""
+
     def correction_span(self, seq_len: int) -> tuple[int, int] | None:
         """Asked by the engine after each decode step: a span (start, end) of cached tokens to re-run
         densely (TidalDecode's KV cache correction), or None. The engine then feeds those tokens

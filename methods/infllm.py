@@ -30,6 +30,7 @@ from kernels.window import FAR, window_attention_lse, window_mass
 from methods.base import Method, register
 from methods.config import MethodConfig, option
 from methods.rope import rotate_half
+from methods.selection import top_first
 from methods.stores_blocks import BlockMemory, WindowRing
 
 
@@ -362,13 +363,6 @@ class InfLLM(Method):
         if self.needle is not None:
             out["needle_recall"] = {layer: [round(x, 4) for x in v] for layer, v in self.recall.items()}
         return out
-
-
-def top_first(x: torch.Tensor, k: int) -> torch.Tensor:
-    """Indices of the k largest along the last dim, ties to the lower index. torch.topk breaks exact ties
-    (repeated tokens give equal un-rotated keys, hence equal block scores) one way for a row alone and
-    another way inside a batch on the CPU: a batch must select what each sequence selects alone."""
-    return torch.sort(x, stable=True, dim=-1, descending=True).indices[..., :k]
 
 
 def _reuse(t, shape, dtype, device):

@@ -31,7 +31,8 @@ from common.errors import ConfigError
 from methods import ltri_spans as S
 from methods.base import register
 from methods.config import option
-from methods.infllm import InfLLM, MemoryConfig, _reuse, top_first
+from methods.infllm import InfLLM, MemoryConfig, _reuse
+from methods.selection import top_first
 from methods.stores_blocks import IndexVectors
 
 

@@ -60,3 +60,11 @@ def marked(index: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
     """A readable copy of index sets for tests and analysis: entries past each count set to -1."""
     live = torch.arange(index.shape[-1], device=index.device) < counts.unsqueeze(-1)
     return torch.where(live, index, -1)
+
+
+def top_first(x: torch.Tensor, k: int) -> torch.Tensor:
+    """Indices of the k largest along the last dim, ties to the lower index. torch.topk breaks exact ties
+    (repeated tokens give equal un-rotated keys, hence equal block scores; max pooling repeats a peak)
+    one way for a row alone, another inside a batch, another on the GPU: a batch must select what each
+    sequence selects alone, the GPU what the CPU selects."""
+    return torch.sort(x, stable=True, dim=-1, descending=True).indices[..., :k]

@@ -28,6 +28,7 @@ import kernels
 from common.errors import ConfigError
 from methods.base import Method, register
 from methods.config import ChunkedPrefill, option
+from methods.selection import top_first
 from methods.stores import FullStore
 
 
@@ -136,6 +137,6 @@ class SnapKV(Method):
         scores = pool(mass[:, :, :N - w], kernel_size=c.kernel, padding=c.kernel // 2, stride=1)
         if self.H != scores.shape[1]:                   # kv_group: average the pooled scores over the group
             scores = scores.view(scores.shape[0], self.H, -1, N - w).mean(2)
-        top = scores.topk(min(self.prefix_keep(layer, N - w), N - w), dim=-1).indices.sort(-1).values
+        top = top_first(scores, min(self.prefix_keep(layer, N - w), N - w)).sort(-1).values  # ties: lower position
         window = torch.arange(N - w, N, device=q.device).expand(*top.shape[:2], w)
         return torch.cat([top, window], -1)

@@ -169,7 +169,8 @@ class CascadeLayout:
         arriving = lev                                            # item arriving at level i: 0, 1, ..., N-1
         has_merge = merge.any()
         k = torch.argmax(merge.long())                            # the merge level (if any)
-        mx = torch.where(has_merge, arriving[k], 0).view(1)
+        # index_select, not arriving[k]: a 0-d tensor index is read on the host (a sync, refused in capture)
+        mx = torch.where(has_merge, arriving.index_select(0, k.view(1)), 0).view(1)
         my = torch.where(has_merge, k + 1, 0).view(1)
         win = torch.full_like(lev, N + 1) if selection else arriving
         item = torch.where(merge, win, arriving)

@@ -31,9 +31,9 @@ class ClusterIndex:
         if same:
             return  # reuse between samples of the same size: a captured graph points at these
         self.cent = torch.empty(*shape, head_dim, device=device, dtype=dtype)
-        self.csize = torch.empty(shape, device=device, dtype=torch.int32)
-        self.cstart = torch.empty(shape, device=device, dtype=torch.int32)
-        self.order = torch.empty(layers, batch, kv_heads, capacity, device=device, dtype=torch.int32)
+        self.csize = torch.zeros(shape, device=device, dtype=torch.int32)   # 0 = empty: never ranked
+        self.cstart = torch.zeros(shape, device=device, dtype=torch.int32)
+        self.order = torch.zeros(layers, batch, kv_heads, capacity, device=device, dtype=torch.int32)
 
     @property
     def max_clusters(self) -> int:

@@ -207,6 +207,14 @@ class Tactic(Method):
         self.events.append({"tokens": m, "clusters": made, "iterations_max": max(iters, default=0),
                             "seconds": time.perf_counter() - t})
 
+    def before_decode(self, seq_len):
+        """Cluster what the prefill added before the first decode step, outside the captured step
+        (inside it, the graph warm-up's buffer restore would undo the clustering; issue found on
+        the H100: garbage cluster sizes, an out-of-bounds gather)."""
+        if self._fresh:
+            self._fresh = False
+            self._cluster(seq_len - self.cfg.window)
+
     def correction_span(self, seq_len):
         """The engine's host hook after every decode step (also under CUDA graphs): re-clustering."""
         R = self.cfg.recluster_every

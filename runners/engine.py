@@ -173,6 +173,7 @@ class Engine:
         (`correction_span`) gets it right after the step; its cost counts in the decode time."""
         if self.seq_len + 1 > self.capacity:
             raise RuntimeError(f"sequence of {self.seq_len + 1} tokens exceeds the engine's capacity {self.capacity}")
+        self.method.before_decode(self.seq_len)
         if self.graphs is not None:
             logits = self.graphs.step(token)
         else:

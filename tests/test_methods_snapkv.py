@@ -64,7 +64,8 @@ def test_kept_tokens_and_outputs_match_brute_force(cfg):
             pooled = torch.stack([_pool(p[b, h], k_pool, cfg.get("pooling", "avgpool")) for h in range(Hq)])
             for h in range(Hq):
                 sc = pooled[h] if per_query else pooled[(h // g) * g:(h // g + 1) * g].mean(0)
-                top = sc.topk(min(n_keep, T0 - w)).indices.tolist()
+                vals = sc.tolist()   # the largest first, equal scores (max pooling repeats a peak) to the lower position
+                top = sorted(range(len(vals)), key=lambda i: (-vals[i], i))[:min(n_keep, T0 - w)]
                 kept[layer, b, h] = list(range(T0)) if T0 < C else sorted(top) + list(range(T0 - w, T0))
         S, H = method.store, (Hq if per_query else Hkv)
         for b in range(d.B):
