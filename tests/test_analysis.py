@@ -218,6 +218,7 @@ def test_dry_run_and_missing_rows_write_nothing(tmp_path, capsys):
     assert not (tmp_path / "rows").exists()
 
 
+@pytest.mark.long   # 25 s of renders: outside `make test`, in `make test-long` and CI
 def test_sensitivity_renderers_on_synthetic_rows(tmp_path):
     impl = catalogue.get("tidal.table7-12").impl
     cells = [c for c in expand(impl.sweeps["embedded"], [], impl.label) if c.col in (128, 256)]

@@ -43,6 +43,7 @@ def _one_line_per_id(path):
     return ids
 
 
+@pytest.mark.long   # real runs, tens of seconds: outside `make test`, in `make test-long` and CI
 @pytest.mark.slow
 def test_sigkill_at_random_points_then_resume_equals_an_uninterrupted_run(tmp_path):
     _, reference = _reference(tmp_path)
@@ -120,6 +121,7 @@ def _freeze_outside_lock(proc, lock_path):
     raise AssertionError("the first writer never left its lock")
 
 
+@pytest.mark.long   # real runs, tens of seconds: outside `make test`, in `make test-long` and CI
 @pytest.mark.slow
 def test_a_multirun_killed_midway_and_relaunched_has_one_row_per_config_and_sample(tmp_path):
     results = tmp_path / "runs"

@@ -35,6 +35,7 @@ def test_launcher_configs_compose(launcher, target):
         assert lc.gpus_per_node == 1 and lc.timeout_min > 0 and isinstance(list(lc.setup), list)
 
 
+@pytest.mark.long   # real runs, tens of seconds: outside `make test`, in `make test-long` and CI
 @pytest.mark.slow
 def test_submitit_local_multirun_lands_every_run(tmp_path):
     results, sweep = tmp_path / "runs", tmp_path / "multirun"
