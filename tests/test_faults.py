@@ -78,6 +78,7 @@ def test_sigkill_at_random_points_then_resume_equals_an_uninterrupted_run(tmp_pa
     assert summary["n_samples"] == n and summary["complete"] and summary["n_failed"] == 0
 
 
+@pytest.mark.long   # real runs, tens of seconds: outside `make test`, in `make test-long` and CI
 @pytest.mark.slow
 def test_two_processes_on_one_run_directory_split_it_without_duplicates(tmp_path):
     _, reference = _reference(tmp_path)

@@ -101,6 +101,7 @@ def test_wandb_offline_logs_rows_once_per_config(tmp_path, monkeypatch):
     assert second["logged_rows"] == 2 and second["steps"] > first["steps"]   # steps only grow
 
 
+@pytest.mark.long   # two embedded runs (15 s): outside `make test`, in `make test-long` and CI
 def test_same_seed_same_rows(tmp_path):
     """Two runs of one config (fresh directories, same seed) write the same rows: predictions,
     metrics, token counts, attended-token statistics; only timings, timestamps and the writer differ.
