@@ -83,9 +83,10 @@ class Quest(Method):
         self.bounds.allocate(info.num_layers, batch, info.num_kv_heads, cap, info.head_dim, device, dtype)
         self.batch = batch
         self.page_budget = max(c.min_pages, c.budget // c.page_size)  # host int: the selection's width
-        # layer -> (pages, counts) of the last decode step. The step only keeps references: the
-        # readable copies and token counts are made on demand, off the step (they cost ~15 small
-        # kernels per layer, about 0.6-1.3 ms per token at 32 layers on the H100).
+        # layer -> (pages, counts, lengths) of the last decode step. The step only keeps references:
+        # the readable copies and token counts are made on demand, off the step (~15 small kernels
+        # per layer; the suspected cause of a 0.6-1.3 ms/token Quest slowdown seen on the H100 after
+        # the method kit, not yet re-measured).
         self._sets: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
 
     def buffers(self):
