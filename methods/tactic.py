@@ -208,9 +208,8 @@ class Tactic(Method):
                             "seconds": time.perf_counter() - t})
 
     def before_decode(self, seq_len):
-        """Cluster what the prefill added before the first decode step, outside the captured step
-        (inside it, the graph warm-up's buffer restore would undo the clustering; issue found on
-        the H100: garbage cluster sizes, an out-of-bounds gather)."""
+        """Cluster what the prefill added before the first decode step, outside the captured step (inside
+        it, the graph warm-up's buffer restore undid the clustering: an out-of-bounds gather on the H100)."""
         if self._fresh:
             self._fresh = False
             self._cluster(seq_len - self.cfg.window)
@@ -229,9 +228,8 @@ class Tactic(Method):
         if step.phase != "decode":
             self._fresh = True          # cluster what this prefill added, before the next decode step
             return
-        if self._fresh:
-            self._fresh = False
-            self._cluster(step.start - c.window)
+        if self._fresh:   # callers that drive begin/attend without the engine (test drivers) cluster here
+            self.before_decode(step.start)
         if self.probe is not None:
             self.probe.new_step()
         self.selected = {}
