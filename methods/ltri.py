@@ -18,6 +18,10 @@ by the semantic spans their attention map shows as triangles.
   for its own top-k with its head's score as weight; ties by the latest voter's similarity). Layers
   before the first retrieval layer index with all heads and retrieve alone.
 - Persistent: decoding reuses each layer's retrieval of the last prefill chunk, whose size is Q.
+- Ties: span scores, block scores and the attention votes that pick index vectors are rounded to
+  2^-12 of their largest value before any ranking (selection.tie_round), ties going to the lower index:
+  repeated tokens give equal un-rotated keys, whose scores then differ only by reduction-order noise,
+  and the GPU would otherwise choose differently from the CPU (tests/test_methods_precision.py).
 Every choice the paper leaves open is an option below (see also reference/methods.md section 5.2).
 """
 from __future__ import annotations
@@ -32,7 +36,7 @@ from methods import ltri_spans as S
 from methods.base import register
 from methods.config import option
 from methods.infllm import InfLLM, MemoryConfig, _reuse
-from methods.selection import top_first
+from methods.selection import tie_round, top_first
 from methods.stores_blocks import IndexVectors
 
 
@@ -228,7 +232,7 @@ class Ltri(InfLLM):
                                      c.max_vectors, static=c.index == "static")
             picked, owner = [], []
             for s_id, ((x, y), n) in enumerate(zip(spans, counts)):
-                top = top_first(votes[b, x:y + 1], n) + x
+                top = top_first(tie_round(votes[b, x:y + 1]), n) + x
                 picked.append(top)
                 owner += [s_id] * n
             idx = torch.cat(picked)
@@ -264,7 +268,7 @@ class Ltri(InfLLM):
             best = per_span.amax(1)
             ok = span_block < self.n_blocks
             out[b].scatter_reduce_(0, span_block[ok], best[ok], "amax")
-        return out
+        return tie_round(out)   # repeated tokens' equal un-rotated keys tie on every device (selection.tie_round)
 
     def select(self, layer, q_mem):
         c, nb = self.cfg, self.n_blocks

@@ -26,6 +26,8 @@ import math
 import numpy as np
 import torch
 
+from methods.selection import tie_round
+
 
 def triangle_scores(A: torch.Tensor, theta: float) -> torch.Tensor:
     """[n, n] fp64: S[x, y] for x <= y, -inf elsewhere."""
@@ -84,7 +86,8 @@ def detect_spans(A: torch.Tensor, theta_quantile: float, iou: float, n_spans: in
         return []
     low = A[torch.tril(torch.ones(n, n, dtype=torch.bool, device=A.device))].double()
     theta = float(torch.quantile(low, theta_quantile)) if low.numel() > 1 else float(low.sum())
-    xs, ys, sc = antidiagonal_best(triangle_scores(A, theta))
+    # rounded: spans whose scores differ by rounding noise tie, and the smallest x / the stable order wins
+    xs, ys, sc = antidiagonal_best(tie_round(triangle_scores(A, theta).reshape(1, -1)).view(n, n))
     xs, ys, sc = xs.cpu().numpy(), ys.cpu().numpy(), sc.double().cpu().numpy()
     kept = nms_1d(xs, ys, sc, iou)[:n_spans]
     spans = sorted((int(xs[i]), int(ys[i])) for i in kept)

@@ -68,3 +68,15 @@ def top_first(x: torch.Tensor, k: int) -> torch.Tensor:
     one way for a row alone, another inside a batch, another on the GPU: a batch must select what each
     sequence selects alone, the GPU what the CPU selects."""
     return torch.sort(x, stable=True, dim=-1, descending=True).indices[..., :k]
+
+
+def tie_round(x: torch.Tensor, bits: int = 12) -> torch.Tensor:
+    """x rounded to a grid of 2^(e - bits) per row (2^e >= the row's largest finite |x|), so that
+    ranking decisions are the same on every device and precision: scores that should tie (equal content
+    scored through different reduction orders: BLAS tails, CUDA atomics) differ by a few ulps, which
+    decides their order one way on the CPU, another on the GPU; after rounding they tie exactly and
+    `top_first` gives the lower index. Values within ~2^-bits of the row's scale count as equal."""
+    finite = torch.where(torch.isfinite(x), x.abs(), torch.zeros((), dtype=x.dtype, device=x.device))
+    top = finite.amax(-1, keepdim=True).clamp(min=torch.finfo(x.dtype).tiny)
+    step = torch.exp2(torch.ceil(torch.log2(top)) - bits)
+    return torch.where(torch.isfinite(x), torch.round(x / step) * step, x)

@@ -22,6 +22,14 @@ def _map(n, seed, blocks=(), normalise=True):
     return A / A.sum(1, keepdim=True) if normalise else A
 
 
+def grid(vals, bits=12):
+    """selection.tie_round written out: each value to the nearest multiple of 2^(ceil(log2(max |v|)) - bits)
+    (decisions on scores that tie up to rounding noise must not depend on the device)."""
+    finite = [abs(v) for v in vals if math.isfinite(v)]
+    step = 2.0 ** (math.ceil(math.log2(max(max(finite, default=0.0), 2.0 ** -126))) - bits)
+    return [round(v / step) * step if math.isfinite(v) else v for v in vals]
+
+
 def brute_spans(A, q, iou, n_spans, fill):
     n = A.shape[0]
     a = A.tolist()
@@ -31,6 +39,7 @@ def brute_spans(A, q, iou, n_spans, fill):
     for x in range(n):
         for y in range(x, n):
             S[x, y] = sum(a[i][j] - theta for i in range(x, y + 1) for j in range(x, i + 1))
+    S = dict(zip(S, grid(list(S.values()))))
     cands = []
     for s in range(2 * n - 1):
         pts = [(x, s - x) for x in range(n) if x <= s - x < n]

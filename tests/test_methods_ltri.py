@@ -17,7 +17,7 @@ import math
 import pytest
 import torch
 from infllm_sim import Sim
-from test_ltri_spans import brute_spans
+from test_ltri_spans import brute_spans, grid
 from test_methods_common import Driver, make, one_thread, rope_for  # noqa: F401
 from tiny_models import tiny
 
@@ -87,7 +87,8 @@ class LtriSim(Sim):
                     for p in pos]
             block = []
             for (x, y), k in zip(spans, counts):
-                toks = sorted(range(x, y + 1), key=lambda t: -vote[t])[:k]
+                tv = dict(zip(range(x, y + 1), grid(vote[x:y + 1])))
+                toks = sorted(range(x, y + 1), key=lambda t: -tv[t])[:k]
                 block.append([self.space(layer, {hh: K[b, hh // g, pos[t]].double() for hh in range(self.info.num_heads)})
                               for t in toks])
             self.index[layer][b].append(block)
@@ -119,6 +120,7 @@ class LtriSim(Sim):
                 qsums = [sum(qm[x:y + 1]) for x, y in self.query_spans(layer, a, T, q, K, b)]
                 for i in range(nb):
                     scores[b, i] = max(float(sum(span) @ qs) for span in self.index[layer][b][i] for qs in qsums)
+                scores[b] = torch.tensor(grid(scores[b].tolist()), dtype=torch.float64)
             self.own_scores[layer] = scores
             self.own_top[layer] = [sorted(range(nb), key=lambda i: -scores[b, i])[:min(c["topk"], nb)] for b in range(B)]
         if nb <= c["topk"]:
