@@ -119,3 +119,22 @@ def test_topk_pages_forces_last_and_counts():
         assert idx[1, h, :4].tolist() == [0, 1, 2, 3]
     idx, cnt = kernels.quest_topk_pages(scores, 5, nv, force_last=False)
     assert 11 not in idx[0, 0].tolist()
+
+
+@pytest.mark.parametrize("force_last", [True, False])
+def test_topk_pages_row_budget_equals_a_smaller_budget(force_last):
+    """The row budget (Quest's clamp of the budget to a short context: at least valid pages - 1) gives
+    what the plain top-k with that budget gives, per sequence: same pages, same counts."""
+    g = torch.Generator().manual_seed(5)
+    B, H, NP, k = 4, 3, 16, 8
+    for trial in range(20):
+        scores = torch.randn(B, H, NP, generator=g)
+        nv = torch.randint(1, NP + 1, (B,), generator=g)
+        row = torch.clamp(nv - torch.randint(0, 2, (B,), generator=g), min=1)  # nv or nv - 1
+        row = torch.minimum(row, torch.tensor(k))
+        idx, cnt = kernels.quest_topk_pages(scores, k, nv, force_last=force_last, row_budget=row)
+        for b in range(B):
+            want_i, want_c = kernels.quest_topk_pages(scores[b:b + 1], int(row[b]), nv[b:b + 1], force_last=force_last)
+            n = int(want_c[0, 0])
+            assert cnt[b].tolist() == want_c[0].tolist(), (trial, b)
+            assert idx[b, :, :n].tolist() == want_i[0, :, :n].tolist(), (trial, b)
