@@ -114,7 +114,7 @@ def load(file, bench_dir: str | Path) -> Source:
         src.problems.append(f"missing: no {file.name} in the bench directory")
         return src
     d = json.loads(path.read_text())
-    meta = d.get("meta") or {}
+    meta = d.get("meta") or d.get("provenance") or {}   # bench.tactic nests it under "provenance"
     src.data = d
     src.device = d.get("device") or meta.get("device") or "?"
     src.command = d.get("command") or meta.get("command")
@@ -140,7 +140,7 @@ def load(file, bench_dir: str | Path) -> Source:
             rows = kept
     if not src.commit:
         src.problems.append("no commit recorded")
-    elif d.get("dirty"):
+    elif d.get("dirty") or meta.get("dirty"):
         src.problems.append(f"uncommitted changes: tracked files differed from {src.commit} when it ran")
     stale = staleness(src.commit, file.measures)
     if stale:

@@ -322,6 +322,14 @@ results/bench/cascade_e2e_streaming_h100.json: | install
 results/bench/cascade_e2e_full_h100.json: | install
 	$(ANALYSIS) bench cascade_e2e_full_h100.json --force
 
+# python -m bench.bounded --model llama31_8b --weights random --caches 4096 32768 --context 1048576 --steps 32 --methods h2o tova streaming_llm --out $@
+results/bench/bounded_llama31_8b_h100.json: | install
+	$(ANALYSIS) bench bounded_llama31_8b_h100.json --force
+
+# python -m bench.tactic --model llama31_8b --layers 4 --context 32768 --steps 32 --repeat 3 --budget 1024 --out $@
+results/bench/tactic_h100.json: | install
+	$(ANALYSIS) bench tactic_h100.json --force
+
 # python -m bench.engine --model llama3 --weights random --lengths 8192 32768 131072 --steps 32 --repeat 2 --out $@
 results/bench/engine_llama3_h100.json: | install
 	$(ANALYSIS) bench engine_llama3_h100.json --force
