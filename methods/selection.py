@@ -76,6 +76,8 @@ def tie_round(x: torch.Tensor, bits: int = 12) -> torch.Tensor:
     scored through different reduction orders: BLAS tails, CUDA atomics) differ by a few ulps, which
     decides their order one way on the CPU, another on the GPU; after rounding they tie exactly and
     `top_first` gives the lower index. Values within ~2^-bits of the row's scale count as equal."""
+    if x.shape[-1] == 0:
+        return x
     finite = torch.where(torch.isfinite(x), x.abs(), torch.zeros((), dtype=x.dtype, device=x.device))
     top = finite.amax(-1, keepdim=True).clamp(min=torch.finfo(x.dtype).tiny)
     step = torch.exp2(torch.ceil(torch.log2(top)) - bits)
