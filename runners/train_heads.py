@@ -159,7 +159,10 @@ def train(cfg: DictConfig, model=None, tokenizer=None) -> dict:
     roles, scores = final_roles(gate, kind, student_kind, float(cfg.target_density))
     model_name = str(cfg.model.name)
     out_path = _path(cfg.out) if cfg.out else headfile.head_path(model_name, cfg.recipe)
-    training = {"command": "python -m runners.train_heads " + " ".join(sys.argv[1:]), "commit": _commit(),
+    # the command without where files go (checkpoint=, out=, curves=): a machine's paths do not change
+    # the heads (as bench provenance leaves out --out)
+    args = [a for a in sys.argv[1:] if a.split("=", 1)[0].lstrip("+~") not in ("checkpoint", "out", "curves")]
+    training = {"command": "python -m runners.train_heads " + " ".join(args), "commit": _commit(),
                 "gate": kind, "student": student_kind, "steps": steps, "final": cfg.final if kind == "hardkuma" else
                 gate.final, "target_density": float(cfg.target_density), "final_density": float(gate.density().detach()),
                 "expected_l0": float(gate.density().detach()) * roles.numel(), "loss": cfg.loss, "mask": s.mask,

@@ -177,7 +177,7 @@ def test_final_roles_rules():
     assert roles[0].all() and scores[0].tolist() == [1.0, 1.0]
 
 
-def test_checkpoint_resume_equals_one_run(tmp_path, smol_tokenizer):
+def test_checkpoint_resume_equals_one_run(tmp_path, smol_tokenizer, monkeypatch):
     """max_minutes stops and checkpoints; the same command then resumes: the head file and curves equal
     those of an uninterrupted run (gates, optimiser, schedule, multiplier, RNG streams all restored)."""
     def cfg_for(tag, **extra):
@@ -200,8 +200,10 @@ def test_checkpoint_resume_equals_one_run(tmp_path, smol_tokenizer):
     ck = str(tmp_path / "ck.pt")
     first = train(cfg_for("split", checkpoint=ck, max_minutes=1e-9), model=tiny_model(6), tokenizer=tok)
     assert first["stopped_at"] == 2 and not (tmp_path / "split.json").exists()
+    monkeypatch.setattr("sys.argv", ["train_heads", "steps=5", f"checkpoint={ck}", f"out={tmp_path}/split.json"])
     train(cfg_for("split", checkpoint=ck), model=tiny_model(6), tokenizer=tok)
     a, b = (json.loads((tmp_path / f"{t}.json").read_text()) for t in ("whole", "split"))
     assert a["scores"] == b["scores"] and a["heads"] == b["heads"]
+    assert b["training"]["command"] == "python -m runners.train_heads steps=5"   # no machine paths recorded
     ca, cb = (json.loads((tmp_path / f"{t}-curves.json").read_text()) for t in ("whole", "split"))
     assert ca["density"] == cb["density"] and ca["steps"] == cb["steps"]
