@@ -19,8 +19,19 @@ import numpy as np
 from common.errors import ConfigError
 from tasks.base import ModelSpec, Sample, Task, register
 from tasks.metrics import RULER_METRICS, ruler_postprocess
-from tasks.ruler_gen import GENERATORS
-from tasks.ruler_spec import METRIC, MODEL_TEMPLATES, PRESETS, PROMPT_VERSIONS, TASKS, TEMPLATES
+from tasks.ruler_gen import QA, Niah, VariableTracking
+from tasks.ruler_gen_aggregation import CommonWords, FreqWords
+from tasks.ruler_spec import (
+    METRIC,
+    MODEL_TEMPLATES,
+    PRESETS,
+    PROMPT_VERSIONS,
+    TASKS,
+    TEMPLATES,
+)
+
+GENERATORS = {"niah": Niah, "variable_tracking": VariableTracking, "common_words_extraction": CommonWords,
+              "freq_words_extraction": FreqWords, "qa": QA}
 
 _MARK = "\x00RULER_TASK_TEMPLATE\x00"
 
