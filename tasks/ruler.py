@@ -5,7 +5,7 @@ Per (task, length): the haystack size is found by binary search so that the prom
 wrapper + task template + answer prefix, tokenized as the engine will see it) plus the task's
 tokens_to_generate fits the length; then each sample is generated from its own seed and shrunk
 if it does not fit. Protocol details and where they differ from RULER are in `describe()` and in
-the generator docstrings (tasks/ruler_gen.py).
+the generator docstrings (tasks/ruler_gen.py, tasks/ruler_gen_aggregation.py).
 """
 from __future__ import annotations
 
