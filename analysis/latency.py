@@ -34,6 +34,8 @@ def div(a, b):
 def cell(v, unit: str) -> str:
     if v is None or pd.isna(v):
         return render.DASH
+    if unit == "%":
+        return f"{v:.1f}%"
     return f"{v:.2f}x" if unit == "x" else f"{v:.3f}" if v < 1 else f"{v:.2f}"
 
 

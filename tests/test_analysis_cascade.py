@@ -150,4 +150,4 @@ def test_attention_maps_render(tmp_path):
                                                "model": "smollm2", "tokens": 64, "rows": [], "maps": maps,
                                                "settings": {"cache": 16, "cascades": 4, "stride": 8, "grid": 4}}))
     assert main(["render", "cascade.fig10", "--bench", str(bench), "--out", str(out)]) == 0
-    assert "100.00" in (out / "tables" / "cascade.fig10.md").read_text()
+    assert "100.0%" in (out / "tables" / "cascade.fig10.md").read_text()

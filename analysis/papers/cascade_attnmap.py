@@ -39,7 +39,7 @@ def render_maps(item, impl, sources, out):
             # how far back the attention reaches: keys seen per query block, as a share of the causal triangle
             seen = sum(1 for r, row in enumerate(m["mean_prob"]) for c, v in enumerate(row) if v > 0 and c <= r)
             rows.append(latency.row("key blocks with attention, % of the causal triangle", name, f"layer {layer}",
-                                    100 * seen / (n * (n + 1) / 2), None, "x"))
+                                    100 * seen / (n * (n + 1) / 2), None, "%"))
     s = (src.data or {}).get("settings", {})
     md = (f"# {item.key}: {impl.title}\n\nOurs: {src.data.get('model') if src.data else '?'}, first "
           f"{(src.data or {}).get('tokens', '?')} tokens of the first PG-19 test book, cache {s.get('cache')} "
@@ -48,6 +48,7 @@ def render_maps(item, impl, sources, out):
           + (latency.md_tables(latency.frame(rows), "Method", col_name=str) if rows else "\nNo maps yet.\n")
           + provenance.markdown(sources))
     fig.suptitle(f"{item.key}: reconstructed attention (log10 mean probability per block)", fontsize=9)
+    fig.tight_layout(rect=(0, 0, 1, 0.97))  # panel titles clear the axis labels above them
     return render.write(out, item.key, md, latency.frame(rows), fig)
 
 
