@@ -13,12 +13,23 @@ T and how many of its ties to take; a last pass writes the positions with key > 
 ties, in position order (a running prefix sum), so the output is already sorted. Five reads of the
 row, no sort, no [B, H, S] temporaries (torch.topk + sort allocate and sort k-sized rows and the
 unsorted top-k reads the row more than once at large k).
+
+Dispatch by row length: one program per row is latency-bound on short rows and bandwidth-starved on
+long ones. Measured on the H100 (results/bench/lychee_kernels_h100.json, k = 4096): at 16K tokens the
+kernel takes 0.084 ms against 0.12-0.15 ms for torch.topk + sort; at 128K it takes 0.71 ms against
+0.11-0.17 ms (torch spreads a row over many blocks). Rows longer than RADIX_MAX_CONTEXT therefore go
+to `kernels.attention.topk_positions` (torch.topk + sort: same contract, ties at the k-th value broken
+by torch). The cut is interpolated between the two measured lengths (the kernel's time grows about
+linearly past 16K: ~0.17 ms at 32K, torch's break-even), not measured at 32K itself.
 """
 from __future__ import annotations
 
 import torch
 
 from ._common import backend_for, kernel_for, tl, triton
+from .attention import topk_positions as torch_topk_positions
+
+RADIX_MAX_CONTEXT = 32768  # longer rows: torch.topk (module docstring)
 
 
 def topk_positions_ref(scores, lengths, topk):
@@ -97,11 +108,16 @@ def _topk_kernel(Sc, Idx, Cnt, S, K, s_row, BLOCK: tl.constexpr, KPAD: tl.conste
     tl.store(Cnt + row, n_keep)
 
 
-def topk_positions(scores, lengths, topk, *, block: int | None = None):
-    """Top-`topk` positions per row (module docstring). Triton on CUDA, the reference elsewhere."""
+def topk_positions(scores, lengths, topk, *, block: int | None = None, impl: str = "auto"):
+    """Top-`topk` positions per row (module docstring). Triton on CUDA, the reference elsewhere.
+    impl: auto (radix kernel up to RADIX_MAX_CONTEXT, torch.topk beyond) | radix | torch."""
+    if impl not in ("auto", "radix", "torch"):
+        raise ValueError(f"impl={impl!r}: auto | radix | torch")
     if backend_for(scores) == "torch":
         return topk_positions_ref(scores, lengths, topk)
     B, H, S = scores.shape
+    if impl == "torch" or (impl == "auto" and S > RADIX_MAX_CONTEXT):
+        return torch_topk_positions(scores, lengths, topk)
     kk = min(int(topk), S)
     sc = scores if scores.stride(-1) == 1 else scores.contiguous()
     sc = sc.reshape(B * H, S) if sc.is_contiguous() else sc.contiguous().view(B * H, S)

@@ -71,3 +71,25 @@ def test_topk_kernel_real_shapes(B, H, S, k):
     idx, cnt = T.topk_positions(s, lengths, k)
     ridx, rcnt = kernels.topk_positions(s, lengths, k)
     assert torch.equal(cnt, rcnt) and torch.equal(idx, ridx)
+
+
+def test_long_rows_go_to_torch_topk(monkeypatch):
+    """Past RADIX_MAX_CONTEXT the dispatcher hands the row to torch.topk + sort (same contract);
+    impl="radix" keeps the kernel (what bench.lychee_kernels times)."""
+    monkeypatch.setenv("HARNESS_KERNELS", "triton")
+    calls = []
+
+    def spy(*args):
+        calls.append(args[0].shape[-1])
+        return kernels.topk_positions(*args)
+    monkeypatch.setattr(T, "torch_topk_positions", spy)
+    monkeypatch.setattr(T, "RADIX_MAX_CONTEXT", 256)
+    s, lengths = scores_for(2, 3, 300, [300, 171], seed=3)
+    ref = T.topk_positions_ref(s, lengths, 40)
+    for got in (T.topk_positions(s, lengths, 40), T.topk_positions(s, lengths, 40, impl="radix")):
+        assert torch.equal(got[0], ref[0]) and torch.equal(got[1], ref[1])
+    short = s[..., :256].contiguous()
+    T.topk_positions(short, lengths.clamp(max=256), 40)
+    assert calls == [300]  # the long row only, and not with impl="radix"
+    with pytest.raises(ValueError):
+        T.topk_positions(s, lengths, 40, impl="fast")
