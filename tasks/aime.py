@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from common.errors import ConfigError
+from tasks import hub_data
 from tasks.base import Sample, Task, mean_metrics, register
 from tasks.metrics import last_boxed, math_verify_equal
 
@@ -101,9 +102,8 @@ def load_problems(cfg, spec: MathSet) -> tuple[list[dict[str, Any]], list[str]]:
         with open(path, encoding="utf-8") as fh:
             rows = [json.loads(line) for line in fh if line.strip()]
     else:
-        import datasets
-
-        rows = [dict(r) for r in datasets.load_dataset(spec.hub_id, spec.hub_config, split=spec.split)]
+        rows = [dict(r) for r in hub_data.load(spec.hub_id, spec.hub_config, split=spec.split,
+                                               fix="set task.data_dir to a .jsonl (or a folder with test.jsonl)")]
     parsed = [parse_row(r, spec, i) for i, r in enumerate(rows)]
     return [p for p in parsed if p["answer"] is not None], [p["id"] for p in parsed if p["answer"] is None]
 

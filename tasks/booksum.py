@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from common.errors import ConfigError
+from tasks import hub_data
 from tasks.base import Sample, Task, register
 from tasks.metrics import ROUGE_TYPES, rouge_scores
 
@@ -63,11 +64,9 @@ def load_rows(cfg, spec: dict) -> list[dict]:
             raise ConfigError(f"task.data_dir {path}: expected one .jsonl (or {split_file.name}), "
                               f"found {len(files)}")
         return _read_jsonl(files[0])
-    import datasets
-
     kwargs = {"data_files": spec["data_files"]} if spec["data_files"] else {}
-    ds = datasets.load_dataset(cfg.get("hub_id") or spec["hub_id"], split=cfg.get("split") or spec["split"],
-                               **kwargs)
+    ds = hub_data.load(cfg.get("hub_id") or spec["hub_id"], split=cfg.get("split") or spec["split"],
+                       fix="set task.data_dir to a folder with one .jsonl of the split", **kwargs)
     return [dict(r) for r in ds]
 
 

@@ -33,7 +33,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from common.errors import ConfigError
-from tasks import metrics
+from tasks import hub_data, metrics
 from tasks.base import Sample, Task, register
 
 # Verbatim from needle_tools.py (OURS_TEMPLATE); tests check it byte for byte.
@@ -87,10 +87,9 @@ def load_documents(cfg) -> Iterator[str]:
                         yield json.loads(line)["text"]
             return
         raise ConfigError(f"task.haystack_dir {path} is neither a directory of *.txt nor a .jsonl file")
-    import datasets
-
     hub_id = cfg.get("hub_id") or HUB_DEFAULTS[cfg.haystack]
-    for row in datasets.load_dataset(hub_id, split=cfg.get("split") or "test", streaming=True):
+    for row in hub_data.stream(hub_id, split=cfg.get("split") or "test",
+                               fix="set task.haystack_dir to a folder of *.txt or a .jsonl (field text)"):
         yield row["text"]
 
 

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from common.errors import ConfigError
+from tasks import hub_data
 from tasks.base import Sample, Task, register
 
 PROTOCOLS = ("decode", "stride")
@@ -56,9 +57,8 @@ def load_books(cfg) -> Iterator[dict[str, Any]]:
                            "text": row["text"]}
             return
         raise ConfigError(f"task.data_dir {path} is neither a directory of *.txt nor a .jsonl file")
-    import datasets
-
-    ds = datasets.load_dataset(cfg.get("hub_id", "emozilla/pg19-test"), split=cfg.get("split", "test"))
+    ds = hub_data.load(cfg.get("hub_id", "emozilla/pg19-test"), split=cfg.get("split", "test"),
+                       fix="set task.data_dir to a .jsonl of books (fields text, book_id) or a folder of *.txt")
     for i, row in enumerate(ds):
         title = row.get("short_book_title") or f"book{i}"
         yield {"book_id": str(i), "title": title, "text": row["text"]}

@@ -61,7 +61,12 @@ def test_slurm_sweep_without_slurm_says_use_submitit_local(tmp_path):
 
 
 @pytest.mark.parametrize("args, needle", [(["task=longbench"], "LongBench"),
-                                          (["task=ruler", "task.tasks=[qa_1]", "task.lengths=[1024]"], "qa_1")])
+                                          (["task=ruler", "task.tasks=[qa_1]", "task.lengths=[1024]"], "qa_1"),
+                                          (["task=pg19"], "task.data_dir"),
+                                          (["task=pg19_compare", "task.prefix=512", "task.steps=8"], "pg19-test"),
+                                          (["task=niah", "task.haystack=pg19"], "task.haystack_dir"),
+                                          (["task=booksum"], "booksum"),
+                                          (["task=aime", "task.max_new_tokens=256"], "AIME")])
 def test_missing_hub_data_fails_fast_without_retry_noise(args, needle, tmp_path):
     """Hub data that is neither cached nor reachable: the endpoint probe (here: a closed local port,
     so the test means the same on a machine with network) puts the hub in offline mode, and the task

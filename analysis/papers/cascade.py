@@ -24,10 +24,10 @@ from __future__ import annotations
 
 from analysis import render
 from analysis.catalogue import Impl, register
+from analysis.shared_data import PG19_DATA
 from analysis.papers.cascade_render import (MODEL_LABEL, RUN_EXTRA, bars_figure, header, lines_figure,
                                             paper_rows, ppl_stats, tables)
 
-PG19_DATA = "../shared/data/pg19_books/pg19_books.jsonl"
 SINK = 64
 STREAMING, CASCADE = "Streaming LLM", "Cascading KV Cache (Ours)"
 TRUNCATED, BIGBIRD_ROW = "Flash Attn. 2 (strided)", "Big Bird (strided)"

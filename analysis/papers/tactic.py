@@ -24,6 +24,7 @@ import pandas as pd
 
 from analysis import render
 from analysis.catalogue import Impl, paper_numbers, register
+from analysis.shared_data import PG19_DATA
 
 NUMBERS = paper_numbers("tactic")
 T15 = NUMBERS["table1-5"]
@@ -153,7 +154,10 @@ same: RULER derives each sample from task.seed). QA needs SQuAD/HotpotQA (task.d
 
 def _pg19_task(profile: str, protocol: str, steps: int) -> list[str]:
     prefix = PROFILES[profile][4]
-    return ["task=pg19_compare", f"task.protocol={protocol}", f"task.prefix={prefix}", f"task.steps={steps}"]
+    task = ["task=pg19_compare", f"task.protocol={protocol}", f"task.prefix={prefix}", f"task.steps={steps}"]
+    if profile == "embedded":  # offline: the 4 test books of shared/data, 4 disjoint windows each (n = 16)
+        task += [f"task.data_dir={PG19_DATA}", "task.only_split=test", "task.windows=4"]
+    return task
 
 
 def _config_label(v: dict) -> str:
@@ -219,8 +223,8 @@ def value_table(item, impl, df: pd.DataFrame, profile: str, out, notes: str = ""
 
 COMPARE_SETUP = {
     "paper": "Llama-3.1-8B-Instruct, PG-19 texts longer than prefix + steps (tasks/pg19_compare.py), 32K prefix.",
-    "embedded": "SmolLM2-135M-Instruct, PG-19 books (task.data_dir: the shared pg19_books.jsonl), 4K prefix; "
-                "budgets / 8 as in Tables 1-5; add task.windows=N for more samples per book.",
+    "embedded": "SmolLM2-135M-Instruct, the 4 PG-19 test books of shared/data (task.data_dir), 4 disjoint "
+                "windows per book (n = 16), 4K prefix; budgets / 8 as in Tables 1-5.",
 }
 FIG9 = Impl(
     title="KL(full || method) of next-token distributions, PG-19, 64 decode steps (Tactic Fig. 9)",

@@ -1,0 +1,4 @@
+"""Paths of the small real datasets beside the project (../shared/data, relative to the repository
+root, where run.py resolves them) that embedded profiles read offline. One place, so every paper
+module points at the same copy; on a GPU machine stage the files at the same relative paths."""
+PG19_DATA = "../shared/data/pg19_books/pg19_books.jsonl"   # 4 test books, 57K-77K tokens each
