@@ -11,7 +11,11 @@ so the absolute position is prefix_len later, and bin 1.0 can clamp to just befo
 Greedy, 50 new tokens. Score: `metrics.passkey_digit_accuracy`, aggregated per "{length}-{bin}".
 
 `template: llama31_raw` uses the reference's hard-coded Llama-3.1 strings verbatim (correct only for a
-Llama-3 tokenizer; elsewhere the markup is plain text). `template: chat` renders the same system
+Llama-3 tokenizer; elsewhere the markup is plain text: on SmolLM2-135M HF `generate` itself then scores
+0.0/0.1/0.0 at 1K/2K/4K, against 0.4/0.5/0.0 with `chat`, notes/passkey_digits_check.md). `template:
+auto` (the default) takes `llama31_raw` when the tokenizer has the Llama-3.1 header tokens as special
+tokens and `chat` otherwise, i.e. the model's own chat markup, which is what the reference's strings are
+for its Llama-3.1; the resolved template is recorded in every row (`describe`). `template: chat` renders the same system
 instruction and question through the tokenizer's chat template and appends the reference's answer
 prefix after the generation prompt (the reference puts it under a `system` header; we use the template's
 assistant turn). `reference_bos: true` tokenizes each piece with the tokenizer's default special tokens,
@@ -37,7 +41,8 @@ PREFIX = ("<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nCuttin
 QUESTION = "\n\nSo now, I will ask the question. What is the five digit pass key?"
 ANSWER_PREFIX = "I surely remember the five digit pass key. The pass key is $:\n"
 QUERY = QUESTION + "<|eot_id|><|start_header_id|>system<|end_header_id|>\n\n" + ANSWER_PREFIX
-TEMPLATES = ("llama31_raw", "chat")
+TEMPLATES = ("auto", "llama31_raw", "chat")
+LLAMA31_TOKENS = ("<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>")
 WORD_LISTS = ("nounlist.txt", "adjectivelist.txt", "verblist.txt")   # wonderwords assets, no profanity
 
 
@@ -80,7 +85,7 @@ class PasskeyDigits(Task):
     @classmethod
     def validate(cls, cfg, model) -> None:
         super().validate(cfg, model)
-        template = cfg.get("template", "llama31_raw")
+        template = cfg.get("template", "auto")
         if template not in TEMPLATES:
             raise ConfigError(f"task.template must be one of {TEMPLATES}, got {template!r}")
         if template == "chat" and not model.chat_template:
@@ -101,6 +106,22 @@ class PasskeyDigits(Task):
         if int(cfg.samples_per_bin) < 1:
             raise ConfigError("task.samples_per_bin must be >= 1")
 
+    # template -------------------------------------------------------------------------------------
+    def template(self) -> str:
+        """The configured template, `auto` resolved against the tokenizer: llama31_raw only where the
+        reference's markup is the model's own (its header tokens are special tokens of the vocabulary)."""
+        template = self.cfg.get("template", "auto")
+        if template != "auto":
+            return template
+        special = set(self.tokenizer.all_special_tokens) | {
+            t.content for t in getattr(self.tokenizer, "added_tokens_decoder", {}).values() if t.special}
+        if all(t in special for t in LLAMA31_TOKENS):
+            return "llama31_raw"
+        if not (self.model.chat_template and getattr(self.tokenizer, "chat_template", None)):
+            raise ConfigError(f"task.template=auto: model {self.model.name} has neither the Llama-3.1 markup "
+                              "tokens nor a chat template; set task.template=llama31_raw explicitly")
+        return "chat"
+
     # tokenization ---------------------------------------------------------------------------------
     def _tok(self, text: str) -> list[int]:
         if self.cfg.get("reference_bos", False):
@@ -109,7 +130,7 @@ class PasskeyDigits(Task):
 
     def prompt_pieces(self) -> tuple[str, str]:
         """(prefix text, query text) for the configured template."""
-        if self.cfg.get("template", "llama31_raw") == "llama31_raw":
+        if self.template() == "llama31_raw":
             return PREFIX, QUERY
         marker = "\x00PASSKEY_CONTEXT\x00"
         rendered = self.tokenizer.apply_chat_template(
@@ -172,7 +193,7 @@ class PasskeyDigits(Task):
     def describe(self) -> dict[str, Any]:
         from importlib.metadata import version
 
-        return {"task": self.name, "template": self.cfg.get("template", "llama31_raw"),
+        return {"task": self.name, "template": self.template(),
                 "reference_bos": bool(self.cfg.get("reference_bos", False)),
                 "filler": f"wonderwords {version('wonderwords')} {'+'.join(WORD_LISTS)} random words",
                 "scorer": "digit accuracy (first 5 digits, pad 'A'), Cascading jobs/passkey.py",

@@ -43,7 +43,7 @@ def test_yaml_defaults():
     assert c.name == "passkey_digits" and c.limit is None and "seed" in c
     assert list(c.lengths) == [32768 * 2 ** i for i in range(6)]
     assert list(c.bins) == [0.2, 0.4, 0.6, 0.8, 1.0] and c.samples_per_bin == 20
-    assert c.max_new_tokens == 50 and c.template == "llama31_raw"
+    assert c.max_new_tokens == 50 and c.template == "auto"
 
 
 def test_reference_strings_verbatim():
@@ -60,7 +60,7 @@ def test_word_list_from_wonderwords():
 
 
 def test_samples_lengths_bins_and_reproducible(smol_tokenizer):
-    task = build(smol_tokenizer)
+    task = build(smol_tokenizer, template="llama31_raw")
     samples = list(task.limited())
     assert len(samples) == 2 * 5 * 2
     prefix = task.encode(REF_PREFIX)
@@ -78,12 +78,12 @@ def test_samples_lengths_bins_and_reproducible(smol_tokenizer):
         assert max(len(prefix), int(lo * L)) <= pos - len(prefix) < int(hi * L) or hi == 1.0
         assert s.max_new_tokens == 50 and s.temperature == 0.0
         assert s.params["len_bin"] == f"{L}-{s.params['bin']:g}"
-    again = list(build(smol_tokenizer).limited())
+    again = list(build(smol_tokenizer, template="llama31_raw").limited())
     assert [s.input_ids for s in again] == [s.input_ids for s in samples]
-    other = list(build(smol_tokenizer, seed=7).limited())
+    other = list(build(smol_tokenizer, template="llama31_raw", seed=7).limited())
     assert [s.references for s in other] != [s.references for s in samples]
     # a length's samples do not depend on the other configured lengths
-    only = list(build(smol_tokenizer, lengths=[2048]).limited())
+    only = list(build(smol_tokenizer, template="llama31_raw", lengths=[2048]).limited())
     assert [s.input_ids for s in only] == [s.input_ids for s in samples if s.params["length"] == 2048]
 
 
@@ -98,6 +98,60 @@ def test_chat_template_variant(smol_tokenizer):
     assert text.endswith(pk.QUESTION + "<|im_end|>\n<|im_start|>assistant\n" + pk.ANSWER_PREFIX)
     assert len(s.input_ids) == 1024
     assert task.describe()["template"] == "chat"
+
+
+def llama3_like(tok):
+    """The SmolLM2 tokenizer with the Llama-3.1 markup tokens added as special tokens."""
+    import copy
+
+    tok = copy.deepcopy(tok)
+    tok.add_special_tokens({"additional_special_tokens": list(pk.LLAMA31_TOKENS)})
+    return tok
+
+
+def test_auto_template_is_the_models_own_markup(smol_tokenizer):
+    # On SmolLM2 the reference's Llama-3.1 strings are plain text, and HF generate itself scores ~0 on
+    # them (notes/passkey_digits_check.md): the default must render the model's chat template instead.
+    task = build(smol_tokenizer, lengths=[1024], samples_per_bin=1)
+    assert task.template() == "chat" and task.describe()["template"] == "chat"
+    text = smol_tokenizer.decode(next(iter(task.limited())).input_ids)
+    assert text.startswith("<|im_start|>system\n" + pk.SYSTEM) and "<|start_header_id|>" not in text
+    assert text.endswith("<|im_start|>assistant\n" + pk.ANSWER_PREFIX)
+    # a Llama-3 vocabulary keeps the reference's strings verbatim, each marker one special token
+    llama = llama3_like(smol_tokenizer)
+    task = build(llama, lengths=[1024], samples_per_bin=1)
+    assert task.template() == "llama31_raw" and task.describe()["template"] == "llama31_raw"
+    ids = next(iter(task.limited())).input_ids
+    assert ids[0] == llama.convert_tokens_to_ids("<|begin_of_text|>") and llama.decode(ids).startswith(REF_PREFIX)
+    # explicit settings are kept; auto without either markup is one ConfigError
+    assert build(smol_tokenizer, template="llama31_raw").template() == "llama31_raw"
+    assert build(llama, template="chat").template() == "chat"
+    no_chat = tasks.build(cfg(), smol_tokenizer, ModelSpec(name="base", max_length=8192, chat_template=False))
+    with pytest.raises(ConfigError, match="template=auto"):
+        next(iter(no_chat.limited()))
+
+
+@pytest.mark.slow
+def test_embedded_model_finds_a_1k_key_as_hf_generate_does(smol_model):
+    """The default protocol on the embedded model: our engine's greedy tokens equal HF `generate`'s on
+    a 1K sample, and both read the key (digit accuracy 1). Under the raw Llama-3.1 strings both output
+    "The pass key is $:" on this sample (accuracy 0): that was the 0 of issue 9."""
+    import torch
+
+    from methods import ModelInfo, build as build_method
+    from runners.engine import Engine
+
+    model, tok = smol_model
+    task = build(tok, lengths=[1024], samples_per_bin=1)
+    s = next(iter(task.limited()))                      # 1024-0.2-0, key 64110
+    ids = torch.tensor([s.input_ids])
+    stop = sorted({tok.eos_token_id, tok.convert_tokens_to_ids("<|im_end|>")})
+    ref = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=s.max_new_tokens,
+                         do_sample=False, eos_token_id=stop, pad_token_id=stop[0])[0, ids.shape[1]:].tolist()
+    eng = Engine(model, build_method(OmegaConf.create({"name": "full"}), ModelInfo.from_hf_config(model.config)))
+    got = eng.generate(ids, max_new_tokens=s.max_new_tokens, stop_ids=stop).tokens[0]
+    assert got == [t for t in ref if t not in stop]
+    assert task.score(s, tok.decode(got, skip_special_tokens=True))["digit_acc"] == 1.0
 
 
 def test_validate(smol_tokenizer):
