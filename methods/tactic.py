@@ -387,11 +387,8 @@ class Tactic(Method):
     def _index(self, layer, r, k_row):
         """List ranks 0..K-1 then the valid exact set, per row: (int32 [B, H, n + Emax], counts [B, H])."""
         B = k_row.shape[0]
-        # Only ranks that can be selected are unpacked: in topk mode K <= budget, so a 1024-token set at 32K
-        # no longer maps all 32K list ranks to positions per query head (a searchsorted and ~10 gathers over
-        # [B, Hq, n_tok] per layer, a suspect for topk's 2.12 vs Quest's 1.46 ms/token; not yet re-measured).
-        width = min(self.n_tok, self.cfg.budget) if self.cfg.mode == "topk" else self.n_tok
-        kmax = width + self.e_max
+        # only selectable ranks are unpacked (topk: K <= budget; was all n_tok ranks per head and layer)
+        kmax = (min(self.n_tok, self.cfg.budget) if self.cfg.mode == "topk" else self.n_tok) + self.e_max
         j = torch.arange(kmax, device=k_row.device)
         pos_list = list_positions(j.clamp(max=self.n_tok - 1), r, self.index.cstart[layer], self.index.order[layer])
         je = (j.view(1, 1, -1) - k_row.unsqueeze(-1)).clamp(0, self.e_max - 1)
