@@ -15,11 +15,13 @@ one key block per program.
 from __future__ import annotations
 
 import torch
+import torch.nn.attention
 import torch.nn.functional as F
 
 from ._common import HAVE_TRITON, LOG2E, backend_for, kernel_for, next_pow2, tl, triton
 
-REF_BLOCK_BYTES = 1 << 28  # the torch reference's score block (256 MiB) bounds its memory
+REF_BLOCK_BYTES = 1 << 28
+SDPA_BACKENDS = [getattr(torch.nn.attention.SDPBackend, n) for n in ("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "MATH")]  # the torch reference's score block (256 MiB) bounds its memory
 
 
 def prefill_attention(q, k, v, scale, q_pos=None, k_pos=None):
@@ -40,7 +42,15 @@ def prefill_attention(q, k, v, scale, q_pos=None, k_pos=None):
         mask = _visible(q_pos, k_pos, T, L, q.device)
         if mask.dim() == 3:  # per-sequence positions
             mask = mask.unsqueeze(1)
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=k.shape[1] != Hq)
+    if q.is_cuda:
+        # not cuDNN's fused attention, which torch may prefer on Hopper: its graph failed with an
+        # illegal memory access in bench.cascade's dense layer prefill on the H100 (torch 2.11)
+        from torch.nn.attention import sdpa_kernel
+
+        with sdpa_kernel(SDPA_BACKENDS):
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=k.shape[1] != Hq)
+    else:
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=k.shape[1] != Hq)
     return out.transpose(1, 2).reshape(B, T, Hq * D)
 
 

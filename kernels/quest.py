@@ -87,6 +87,40 @@ if HAVE_TRITON:
                  mask=rmask[:, None] & pmask[None, :])
 
 
+    @triton.jit
+    def _page_keep_kernel(Vals, Idx, Rb, OutIdx, Counts, KK, NP, H,
+                          HAS_RB: tl.constexpr, BLOCK: tl.constexpr):
+        # One program per row of an unsorted top-k: count the kept (finite) entries and find the
+        # worst one (first on ties, as torch.argmin), then write the kept page numbers with NP for
+        # the others, dropping the worst when the row holds more than its sequence's budget.
+        row = tl.program_id(0).to(tl.int64)
+        base = row * KK
+        n = tl.full([], 0, tl.int32)
+        best = tl.full([], float("inf"), tl.float32)
+        arg = tl.full([], -1, tl.int32)
+        for c in range(0, KK, BLOCK):
+            offs = c + tl.arange(0, BLOCK)
+            v = tl.load(Vals + base + offs, mask=offs < KK, other=0.0)
+            keep = (offs < KK) & (v != float("-inf"))
+            n += tl.sum(keep.to(tl.int32), 0)
+            vk = tl.where(keep, v, float("inf"))
+            cmin = tl.min(vk, 0)
+            carg = tl.argmin(vk, 0).to(tl.int32) + c
+            upd = cmin < best
+            arg = tl.where(upd, carg, arg)
+            best = tl.where(upd, cmin, best)
+        drop = n < 0
+        if HAS_RB:
+            drop = n > tl.load(Rb + row // H)
+        tl.store(Counts + row, n - drop.to(tl.int32))
+        for c in range(0, KK, BLOCK):
+            offs = c + tl.arange(0, BLOCK)
+            v = tl.load(Vals + base + offs, mask=offs < KK, other=0.0)
+            keep = (offs < KK) & (v != float("-inf")) & ~(drop & (offs == arg))
+            ix = tl.load(Idx + base + offs, mask=offs < KK, other=0)
+            tl.store(OutIdx + base + offs, tl.where(keep, ix, NP).to(tl.int32), mask=offs < KK)
+
+
 def _as_batch_tensor(x, B, device):
     if isinstance(x, torch.Tensor):
         return x.to(device=device, dtype=torch.int32).reshape(-1).expand(B).contiguous()
@@ -171,12 +205,45 @@ def quest_page_scores(q, kmin, kmax, n_pages_valid):
     return out
 
 
+def page_keep_ref(vals, idx, n_pages, row_budget=None):
+    """Of an unsorted top-k (vals fp32, idx [B, H, k]): (page numbers int32 with `n_pages` in the
+    slots not kept, counts int32 [B, H]). Kept: finite scores; with `row_budget` (int [B]) a row
+    holding more drops its worst kept entry (the first on ties), so the budget may be at most one
+    below the kept count (Quest's clamp of the budget to a short context)."""
+    keep = vals != float("-inf")
+    if row_budget is not None:
+        over = keep.sum(-1, keepdim=True) > row_budget.view(-1, 1, 1).long()
+        worst = torch.where(keep, vals, float("inf")).argmin(-1, keepdim=True)
+        keep &= ~(over & (torch.arange(vals.shape[-1], device=vals.device) == worst))
+    return torch.where(keep, idx, n_pages).to(torch.int32), keep.sum(-1).to(torch.int32)
+
+
+def page_keep(vals, idx, n_pages, row_budget=None):
+    """page_keep_ref in one kernel per row on the GPU (the torch version is ~7 small kernels)."""
+    if backend_for(vals) == "torch":
+        return page_keep_ref(vals, idx, n_pages, row_budget)
+    B, H, K = vals.shape
+    vals, idx = vals.contiguous(), idx.contiguous()
+    out = _empty(B, H, K, device=vals.device, dtype=torch.int32)
+    counts = _empty(B, H, device=vals.device, dtype=torch.int32)
+    rb = vals if row_budget is None else _as_batch_tensor(row_budget, B, vals.device)
+    kernel_for(_page_keep_kernel, vals)[(B * H,)](
+        vals, idx, rb, out, counts, K, n_pages, H, HAS_RB=row_budget is not None,
+        BLOCK=min(1024, next_pow2(K)), num_warps=4)
+    return out, counts
+
+
 def quest_topk_pages(scores, page_budget, n_pages_valid, force_last=True, row_budget=None):
     """Page top-k (torch.topk; same code on every backend): scores [B, H, n_pages] -> (page_index
     int32 [B, H, k], page_counts int32 [B, H]) with k = min(page_budget, n_pages). As in Quest's
     kernel path, the last valid page (the one being written) is always taken when `force_last`,
-    and the others by score. `row_budget` (int tensor [B], <= page_budget) lowers the number of
-    pages per sequence without a host sync. The valid prefix is sorted by page; padding holds 0."""
+    and the others by score. The valid prefix is sorted by page; padding holds 0.
+
+    `row_budget` (int tensor [B]) lowers the number of pages per sequence without a host sync, for
+    the reference's clamp of the budget to the context: it must be >= the valid pages - 1, so it drops
+    at most the worst-scored kept page (Quest's clamp: min(length, budget) // page_size >=
+    ceil(length / page_size) - 1). The top-k stays unsorted: a sorted top-k of 256 pages cost
+    0.58 ms/token at K=4096 on the H100 (Llama-2-7B, 30 sparse layers), the fused keep ~1 kernel."""
     B, H, NP = scores.shape
     kk = min(int(page_budget), NP)
     nv = _as_batch_tensor(n_pages_valid, B, scores.device).long()
@@ -185,11 +252,7 @@ def quest_topk_pages(scores, page_budget, n_pages_valid, force_last=True, row_bu
         last = (nv - 1).clamp(min=0).view(B, 1, 1).expand(B, H, 1)
         s = scores.scatter(-1, last, float("inf"))
     s = s.masked_fill(torch.arange(NP, device=s.device) >= nv.view(B, 1, 1), float("-inf"))
-    vals, idx = s.topk(kk, dim=-1, sorted=True)  # best first: a per-row budget keeps a prefix
-    keep = vals != float("-inf")
-    if row_budget is not None:
-        keep &= torch.arange(kk, device=s.device) < row_budget.view(B, 1, 1).long()
-    counts = keep.sum(-1)
-    idx = torch.where(keep, idx, NP).sort(-1).values
-    idx = torch.where(idx == NP, 0, idx)
-    return idx.to(torch.int32), counts.to(torch.int32).contiguous()
+    vals, idx = s.topk(kk, dim=-1, sorted=False)
+    idx, counts = page_keep(vals, idx, NP, row_budget)
+    idx = idx.sort(-1).values
+    return torch.where(idx == NP, 0, idx), counts
