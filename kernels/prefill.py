@@ -42,9 +42,10 @@ def prefill_attention(q, k, v, scale, q_pos=None, k_pos=None):
         mask = _visible(q_pos, k_pos, T, L, q.device)
         if mask.dim() == 3:  # per-sequence positions
             mask = mask.unsqueeze(1)
-    if q.is_cuda:
-        # not cuDNN's fused attention, which torch may prefer on Hopper: its graph failed with an
-        # illegal memory access in bench.cascade's dense layer prefill on the H100 (torch 2.11)
+    if q.is_cuda and mask is not None and q_pos is None and k_pos is None:
+        # causal: flash, not cuDNN's fused attention, which torch may prefer on Hopper and which failed
+        # with an illegal memory access in bench.cascade's dense layer prefill on the H100 (torch 2.11).
+        # (An explicit mask with GQA has no fused kernel but cuDNN's: math would build [H, T, L].)
         from torch.nn.attention import sdpa_kernel
 
         with sdpa_kernel(SDPA_BACKENDS):

@@ -106,9 +106,9 @@ def test_page_scores_upper_bound_the_true_logits():
 
 def test_topk_pages_forces_last_and_counts():
     B, H, NP = 2, 3, 12
-    scores = torch.randn(B, H, NP)
+    scores = torch.randn(B, H, NP, device=DEV)
     scores[0, :, 11] = -100.0  # the last page must be taken even with the worst score
-    nv = torch.tensor([12, 4], dtype=torch.int32)
+    nv = torch.tensor([12, 4], dtype=torch.int32, device=DEV)
     idx, cnt = kernels.quest_topk_pages(scores, 5, nv)
     assert cnt.tolist() == [[5] * 3, [4] * 3]
     for h in range(H):
@@ -128,10 +128,10 @@ def test_topk_pages_row_budget_equals_a_smaller_budget(force_last):
     g = torch.Generator().manual_seed(5)
     B, H, NP, k = 4, 3, 16, 8
     for trial in range(20):
-        scores = torch.randn(B, H, NP, generator=g)
-        nv = torch.randint(1, NP + 1, (B,), generator=g)
-        row = torch.clamp(nv - torch.randint(0, 2, (B,), generator=g), min=1)  # nv or nv - 1
-        row = torch.minimum(row, torch.tensor(k))
+        scores = torch.randn(B, H, NP, generator=g).to(DEV)
+        nv = torch.randint(1, NP + 1, (B,), generator=g).to(DEV)
+        row = torch.clamp(nv - torch.randint(0, 2, (B,), generator=g).to(DEV), min=1)  # nv or nv - 1
+        row = torch.minimum(row, torch.tensor(k, device=DEV))
         idx, cnt = kernels.quest_topk_pages(scores, k, nv, force_last=force_last, row_budget=row)
         for b in range(B):
             want_i, want_c = kernels.quest_topk_pages(scores[b:b + 1], int(row[b]), nv[b:b + 1], force_last=force_last)
@@ -150,8 +150,9 @@ def test_page_keep_kernel_equals_reference(K):
     vals[torch.rand(B, H, K, generator=g) < 0.3] = float("-inf")
     vals[0, 1] = float("-inf")                                     # a row with nothing kept
     idx = torch.randint(0, NP, (B, H, K), generator=g)
+    vals, idx = vals.to(DEV), idx.to(DEV)
     kept = (vals != float("-inf")).sum(-1)
-    for row in (None, torch.tensor([K, int(kept[1].max()) - 1, 0])):
+    for row in (None, torch.tensor([K, int(kept[1].max()) - 1, 0], device=DEV)):
         got = Qm.page_keep(vals, idx, NP, row)
         want = Qm.page_keep_ref(vals, idx, NP, row)
         assert got[0].dtype == want[0].dtype == torch.int32
