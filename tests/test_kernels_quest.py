@@ -49,7 +49,7 @@ def test_update_pages_incremental_equals_scratch(dtype, P):
     # stale garbage from an earlier sample: pages that start inside an append must be overwritten
     kmin = torch.full((B, H, n_pages, D), -7.0, dtype=dtype, device=DEV)
     kmax = torch.full((B, H, n_pages, D), 7.0, dtype=dtype, device=DEV)
-    rmin, rmax = kmin.clone(), kmax.clone()
+    rmin, rmax = kmin.cpu().clone(), kmax.cpu().clone()  # the torch reference runs on the CPU inputs
     # per-sequence different prefill lengths, then single-token steps, then a chunk
     pos = torch.tensor([19, 33], dtype=torch.int32)
     steps = [("prefill", None), ("one", 1), ("one", 1), ("chunk", 21)]
