@@ -84,9 +84,17 @@ def dense_layer(info, rope, L: int, device, dtype) -> float:
     v = torch.randn_like(k)
     pos = torch.arange(L, device=device)
 
+    # Flash (and cuDNN) index q/out with 32-bit offsets: at 1M tokens q holds 2^32 elements and the
+    # H100 run died with an illegal memory access. Query chunks under 2^31 elements, each over the
+    # keys up to its last position, do the same causal work in a few calls.
+    rows = max(1, (2**31 - 1) // (info.num_heads * info.head_dim))
+
     def run():
         rope.new_step()
-        kernels.prefill_attention(rope.apply(q, pos), rope.apply(k, pos), v, info.scaling)
+        qr, kr = rope.apply(q, pos), rope.apply(k, pos)
+        for t0 in range(0, L, rows):
+            t1 = min(L, t0 + rows)
+            kernels.prefill_attention(qr[:, :, t0:t1], kr[:, :, :t1], v[:, :, :t1], info.scaling)
 
     return Clock(device)(run)
 
