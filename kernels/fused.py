@@ -38,10 +38,12 @@ if HAVE_TRITON:
                      D: tl.constexpr):
         # one program per (token, batch*head): y = x*cos + rotate_half(x)*sin, each product
         # rounded to the dtype like the eager expression
-        t = tl.program_id(0)  # tokens on grid axis 0: axis 1 is capped at 65535 (a 128K prefill)
+        # tokens on grid axis 0: axis 1 is capped at 65535 (a 128K prefill). Offsets in int64: at 1M
+        # tokens h * s_xh passes 2^31 (an illegal memory access in bench.cascade's dense layer).
+        t = tl.program_id(0).to(tl.int64)
         pid = tl.program_id(1)
         b = (pid // HEADS).to(tl.int64)
-        h = pid % HEADS
+        h = (pid % HEADS).to(tl.int64)
         half = D // 2
         i = tl.arange(0, D)
         x = tl.load(X + b * s_xb + h * s_xh + t * s_xt + i)
