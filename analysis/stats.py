@@ -33,3 +33,19 @@ def interval(values: Sequence[float], z: float = Z95) -> tuple[float, float, str
     sd = math.sqrt(sum((v - mean) ** 2 for v in vals) / (n - 1)) if n > 1 else float("inf")
     half = z * sd / math.sqrt(n)
     return mean - half, mean + half, "normal"
+
+
+def token_ppl(nll_sums: Sequence[float], tokens: Sequence[int], z: float = Z95) -> dict | None:
+    """Token-weighted perplexity exp(sum NLL / sum tokens) over books (the references' nll-total /
+    count-total) with a 95% interval from the books as clusters (ratio estimator); unbounded for one
+    book. {"ours", "ci_lo", "ci_hi", "ci", "n"}; None without books."""
+    N, n = sum(tokens), len(tokens)
+    if n == 0 or N == 0:
+        return None
+    mean = sum(nll_sums) / N
+    if n > 1:
+        half = z * math.sqrt(n / (n - 1) * sum((a - mean * t) ** 2 for a, t in zip(nll_sums, tokens)) / N ** 2)
+        lo, hi = math.exp(mean - half), math.exp(mean + half)
+    else:
+        lo, hi = -math.inf, math.inf
+    return {"ours": math.exp(mean), "ci_lo": lo, "ci_hi": hi, "ci": "books", "n": n}

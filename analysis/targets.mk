@@ -74,19 +74,19 @@ tidal-fig9: install
 tidal-table7-12: install
 	$(ANALYSIS) make tidal.table7-12 $(ANALYSIS_OPTS)
 
-# tactic.fig1: CDF of sorted attention weights across steps and contexts  (not implemented yet: prints why and exits 2)
+# tactic.fig1: CDF of sorted attention weights across steps and contexts
 tactic-fig1: install
 	$(ANALYSIS) make tactic.fig1 $(ANALYSIS_OPTS)
 
-# tactic.fig3-4: KL divergence and RULER scores vs weight percentage (oracle selection)  (not implemented yet: prints why and exits 2)
+# tactic.fig3-4: KL divergence and RULER scores vs weight percentage (oracle selection)
 tactic-fig3-4: install
 	$(ANALYSIS) make tactic.fig3-4 $(ANALYSIS_OPTS)
 
-# tactic.fig5: minimal token budget for 90% weight vs context length  (not implemented yet: prints why and exits 2)
+# tactic.fig5: minimal token budget for 90% weight vs context length
 tactic-fig5: install
 	$(ANALYSIS) make tactic.fig5 $(ANALYSIS_OPTS)
 
-# tactic.fig6: PG-19 perplexity, budget 1024  (not implemented yet: prints why and exits 2)
+# tactic.fig6: PG-19 perplexity, budget 1024
 tactic-fig6: install
 	$(ANALYSIS) make tactic.fig6 $(ANALYSIS_OPTS)
 
@@ -94,7 +94,7 @@ tactic-fig6: install
 tactic-fig7: install
 	$(ANALYSIS) make tactic.fig7 $(ANALYSIS_OPTS)
 
-# tactic.fig8: budgets: global optimal vs clustering optimal vs Tactic estimate  (not implemented yet: prints why and exits 2)
+# tactic.fig8: budgets: global optimal vs clustering optimal vs Tactic estimate
 tactic-fig8: install
 	$(ANALYSIS) make tactic.fig8 $(ANALYSIS_OPTS)
 

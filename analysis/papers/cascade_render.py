@@ -13,30 +13,23 @@ import math
 import pandas as pd
 
 from analysis import papers_data, render
-from analysis.stats import Z95, interval
+from analysis.stats import interval, token_ppl
 
 RUN_EXTRA: dict[str, dict] = {}
 MODEL_LABEL = {"llama31_8b": "LLaMA3.1-8B", "qwen2_7b": "Qwen2-7B", "smollm2": "SmolLM2-135M"}
 
 
 def ppl_stats(run) -> dict | None:
-    """Token-weighted perplexity exp(sum NLL / sum tokens) over the run's books (the reference's
-    nll-total / count-total), with a 95% interval from the books as clusters (ratio estimator);
-    no interval for one book. Keeps the books' NLL curves (metrics.nll_curve) in RUN_EXTRA."""
+    """Token-weighted perplexity over the run's books (analysis.stats.token_ppl: the reference's
+    nll-total / count-total, books as clusters). Keeps the books' NLL curves (metrics.nll_curve) in
+    RUN_EXTRA."""
     rows = [r["metrics"] for r in run.rows() if isinstance((r.get("metrics") or {}).get("nll_sum"), (int, float))]
     if not rows:
         return None
-    nll, tok = [float(m["nll_sum"]) for m in rows], [int(m["tokens"]) for m in rows]
-    N, n = sum(tok), len(rows)
-    mean = sum(nll) / N
-    if n > 1:
-        half = Z95 * math.sqrt(n / (n - 1) * sum((a - mean * t) ** 2 for a, t in zip(nll, tok)) / N ** 2)
-        lo, hi = math.exp(mean - half), math.exp(mean + half)
-    else:
-        lo, hi = -math.inf, math.inf
+    st = token_ppl([float(m["nll_sum"]) for m in rows], [int(m["tokens"]) for m in rows])
     RUN_EXTRA[run.run_id] = {"curves": [m["nll_curve"] for m in rows if isinstance(m.get("nll_curve"), list)],
-                             "tokens": N}
-    return {"ours": math.exp(mean), "ci_lo": lo, "ci_hi": hi, "ci": "books", "n": n}
+                             "tokens": sum(int(m["tokens"]) for m in rows)}
+    return st
 
 
 def multi_stats(metrics: list[str], scale: float = 1.0):

@@ -48,16 +48,16 @@ def _list(xs) -> str:
     return "[" + ",".join(str(x) for x in xs) + "]"
 
 
-def _csv(xs) -> str:
+def csv_list(xs) -> str:
     return ",".join(str(x) for x in xs)
 
 
 def _methods(model: str, budgets, page: int, tactic_targets=TARGETS) -> list[list[str]]:
     """Override lists of the compared methods (task overrides prepended by the caller)."""
     return [[f"model={model}", "method=full"],
-            [f"model={model}", "method=tactic", f"method.target={_csv(tactic_targets)}"],
-            [f"model={model}", "method=quest", f"method.page_size={page}", f"method.budget={_csv(budgets)}"],
-            [f"model={model}", "method=streaming_llm", "method.sink=4", f"method.budget={_csv(budgets)}"]]
+            [f"model={model}", "method=tactic", f"method.target={csv_list(tactic_targets)}"],
+            [f"model={model}", "method=quest", f"method.page_size={page}", f"method.budget={csv_list(budgets)}"],
+            [f"model={model}", "method=streaming_llm", "method.sink=4", f"method.budget={csv_list(budgets)}"]]
 
 
 def row_label(v: dict) -> str:
@@ -152,7 +152,7 @@ same: RULER derives each sample from task.seed). QA needs SQuAD/HotpotQA (task.d
 
 # --- Figs. 7, 9, 10: PG-19 beside full attention ----------------------------------------------------
 
-def _pg19_task(profile: str, protocol: str, steps: int) -> list[str]:
+def pg19_task(profile: str, protocol: str, steps: int) -> list[str]:
     prefix = PROFILES[profile][4]
     task = ["task=pg19_compare", f"task.protocol={protocol}", f"task.prefix={prefix}", f"task.steps={steps}"]
     if profile == "embedded":  # offline: the 4 test books of shared/data, 4 disjoint windows each (n = 16)
@@ -175,7 +175,7 @@ def _compare_sweeps(profile: str, protocol: str, steps: int, targets) -> list[li
     model, _, budgets, page, _ = PROFILES[profile]
     levels = [budgets[TARGETS.index(t)] for t in targets if t in TARGETS]
     methods = [m for m in _methods(model, levels or budgets, page, targets) if "method=full" not in m]
-    return [[*_pg19_task(profile, protocol, steps), *m] for m in methods]
+    return [[*pg19_task(profile, protocol, steps), *m] for m in methods]
 
 
 def value_table(item, impl, df: pd.DataFrame, profile: str, out, notes: str = "", digits: int = 3,
@@ -243,7 +243,7 @@ configurations are not named in its text. KL in nats, the mean over the 64 steps
 """
 FIG10 = Impl(
     title="Greedy token-match length against full attention, at most 128 (Tactic Fig. 10)",
-    sweeps={p: [[*_pg19_task(p, "match", 128), *m] for m in _methods(PROFILES[p][0], PROFILES[p][2][-1:],
+    sweeps={p: [[*pg19_task(p, "match", 128), *m] for m in _methods(PROFILES[p][0], PROFILES[p][2][-1:],
                                                                      PROFILES[p][3], [0.99])[1:]]
             for p in PROFILES},
     label=lambda v: ("", row_label(v), "matched tokens"),
@@ -259,8 +259,8 @@ Tables 1-5 (3328; embedded 416), the paper does not state theirs.
 """
 FIG7 = Impl(
     title="Obtained minus target attention mass, Tactic on PG-19 (Tactic Fig. 7)",
-    sweeps={p: [[*_pg19_task(p, "kl", 64), f"model={PROFILES[p][0]}", "method=tactic", "method.diagnostics=true",
-                 f"method.target={_csv([0.5, 0.7, 0.9, 0.99])}"]] for p in PROFILES},
+    sweeps={p: [[*pg19_task(p, "kl", 64), f"model={PROFILES[p][0]}", "method=tactic", "method.diagnostics=true",
+                 f"method.target={csv_list([0.5, 0.7, 0.9, 0.99])}"]] for p in PROFILES},
     label=lambda v: ("", "Tactic", f"{float(v['method.target']) * 100:g}%"),
     render=lambda item, impl, df, profile, out: value_table(item, impl, df, profile, out, digits=4,
                                                             ylabel="obtained - target mass", notes=FIG7_NOTES),
