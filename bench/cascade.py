@@ -84,9 +84,10 @@ def dense_layer(info, rope, L: int, device, dtype) -> float:
     v = torch.randn_like(k)
     pos = torch.arange(L, device=device)
 
-    # Flash (and cuDNN) index q/out with 32-bit offsets: at 1M tokens q holds 2^32 elements and the
-    # H100 run died with an illegal memory access. Query chunks under 2^31 elements, each over the
-    # keys up to its last position, do the same causal work in a few calls.
+    # At 1M tokens q holds 2^32 elements: FlashAttention-2 faults on tensors over 2^31 elements
+    # (Dao-AILab/flash-attention#767). Query chunks under 2^31 elements, each over the keys up to its
+    # last position, do the same causal work in a few calls. (The H100 run's illegal memory access is
+    # most likely the rope kernel's 32-bit offsets, fixed in kernels/fused.py; not re-run yet.)
     rows = max(1, (2**31 - 1) // (info.num_heads * info.head_dim))
 
     def run():
