@@ -69,7 +69,8 @@ def _fig1_render(item, impl, df, profile, out):
                   key=lambda k: (int(k.split("@")[0][len("method_cdf_t"):]), int(k.split("@")[1])))
     steps = sorted({int(k.split("@")[0][len("method_cdf_t"):]) for k in keys})
     ks = sorted({int(k.split("@")[1]) for k in keys})
-    lines = [render.header(item, impl, profile, df), "(a) Mean CDF over the contexts (n per cell), by decoding "
+    head = [ln for ln in render.header(item, impl, profile, df).splitlines() if not ln.startswith("Cells read")]
+    lines = ["\n".join(head) + "\n", "(a) Mean CDF over the contexts (n per cell), by decoding "
              "step: attention probability of the k most attended tokens, %.", ""]
     lines += ["| step | " + " | ".join(f"k={k}" for k in ks) + " | n |", "|" + "---|" * (len(ks) + 2)]
     plt = render._plt()
