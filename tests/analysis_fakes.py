@@ -44,3 +44,15 @@ def table1_cells() -> dict:
     return {(c.row, c.col): c for c in expand(impl.sweeps["embedded"], [], impl.label)}
 
 
+
+
+def fake_metrics_run(results: Path, values: dict, rows: list[dict]) -> Path:
+    """A finished run of `values` whose sample i carries the metrics dict rows[i]."""
+    d = results / values["task"] / values["model"] / values["method"] / f"h{abs(hash(str(values))) % 10**8}"
+    d.mkdir(parents=True)
+    with open(d / "samples.jsonl", "w") as f:
+        f.writelines(json.dumps({"id": f"s{i}", "params": {}, "metrics": m, "device": "cpu",
+                                 "dtype": "torch.float32", "timestamp": 1.0e9 + i}) + "\n" for i, m in enumerate(rows))
+    (d / "summary.json").write_text(json.dumps({"config": nested(values), "n_samples": len(rows),
+                                                "environment": {"git_commit": "abc1234"}}))
+    return d

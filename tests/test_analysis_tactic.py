@@ -3,10 +3,8 @@ RULER `score` for Tables 1-5 (beside the paper's numbers), `kl` / `match_len` fr
 Figs. 9-10, Tactic's probe metric `method_mass_error` for Fig. 7."""
 from __future__ import annotations
 
-import json
-
 import pytest
-from analysis_fakes import nested
+from analysis_fakes import fake_metrics_run
 
 from analysis import catalogue
 from analysis.__main__ import main
@@ -14,14 +12,7 @@ from analysis.runs import expand
 
 
 def _fake(results, values, metric, vals):
-    d = results / values["task"] / values["model"] / values["method"] / f"h{abs(hash(str(values))) % 10**8}"
-    d.mkdir(parents=True)
-    with open(d / "samples.jsonl", "w") as f:
-        f.writelines(json.dumps({"id": f"s{i}", "params": {}, "metrics": {metric: v, "other": 123.0},
-                                 "device": "cpu", "dtype": "torch.float32", "timestamp": 1.0e9 + i}) + "\n"
-                     for i, v in enumerate(vals))
-    (d / "summary.json").write_text(json.dumps({"config": nested(values), "n_samples": len(vals),
-                                                "environment": {"git_commit": "abc1234"}}))
+    fake_metrics_run(results, values, [{metric: v, "other": 123.0} for v in vals])
 
 
 def _render(tmp_path, key):

@@ -2,25 +2,14 @@
 metric its paper figure reads from synthetic run rows (fails if a cell reads another metric)."""
 from __future__ import annotations
 
-import json
 import math
 
-from analysis_fakes import nested
+from analysis_fakes import fake_metrics_run as _fake
 
 from analysis import catalogue
 from analysis.__main__ import main
 from analysis.papers import tactic_figs
 from analysis.runs import expand
-
-
-def _fake(results, values, rows):
-    d = results / values["task"] / values["model"] / values["method"] / f"h{abs(hash(str(values))) % 10**8}"
-    d.mkdir(parents=True)
-    with open(d / "samples.jsonl", "w") as f:
-        f.writelines(json.dumps({"id": f"s{i}", "params": {}, "metrics": m, "device": "cpu",
-                                 "dtype": "torch.float32", "timestamp": 1.0e9 + i}) + "\n" for i, m in enumerate(rows))
-    (d / "summary.json").write_text(json.dumps({"config": nested(values), "n_samples": len(rows),
-                                                "environment": {"git_commit": "abc1234"}}))
 
 
 def _cells(key, profile="embedded"):

@@ -152,8 +152,8 @@ same: RULER derives each sample from task.seed). QA needs SQuAD/HotpotQA (task.d
 
 # --- Figs. 7, 9, 10: PG-19 beside full attention ----------------------------------------------------
 
-def pg19_task(profile: str, protocol: str, steps: int) -> list[str]:
-    prefix = PROFILES[profile][4]
+def pg19_task(profile: str, protocol: str, steps: int, prefix: int | None = None) -> list[str]:
+    prefix = prefix or PROFILES[profile][4]
     task = ["task=pg19_compare", f"task.protocol={protocol}", f"task.prefix={prefix}", f"task.steps={steps}"]
     if profile == "embedded":  # offline: the 4 test books of shared/data, 4 disjoint windows each (n = 16)
         task += [f"task.data_dir={PG19_DATA}", "task.only_split=test", "task.windows=4"]

@@ -25,7 +25,14 @@ import pandas as pd
 
 from analysis import render
 from analysis.catalogue import Impl, register
-from analysis.papers.tactic import COMPARE_SETUP, FIG7, PROFILES, csv_list, pg19_task, value_table
+from analysis.papers.tactic import (
+    COMPARE_SETUP,
+    FIG7,
+    PROFILES,
+    csv_list,
+    pg19_task,
+    value_table,
+)
 from analysis.runs import metric_stats
 from analysis.shared_data import PG19_DATA
 from analysis.stats import token_ppl
@@ -185,12 +192,8 @@ FIG3_4 = Impl(
 # --- Fig. 5 ----------------------------------------------------------------------------------------
 
 def _fig5_sweeps(profile: str) -> list[list[str]]:
-    out = []
-    for n in FIG5_LENGTHS[profile]:
-        task = [*pg19_task(profile, "kl", 1)]
-        task = [t for t in task if not t.startswith("task.prefix=")] + [f"task.prefix={n}"]
-        out.append([*task, *_tactic(profile, "method.mode=oracle_global", "method.target=0.9")])
-    return out
+    return [[*pg19_task(profile, "kl", 1, prefix=n), *_tactic(profile, "method.mode=oracle_global", "method.target=0.9")]
+            for n in FIG5_LENGTHS[profile]]
 
 
 FIG5 = Impl(
