@@ -94,19 +94,23 @@ def test_ruler_and_infinitebench_renderers(tmp_path):
 
 
 def test_table4_from_benchmark_json(tmp_path):
+    """Three files (full + InfLLM on 2 layers, each Ltri setting on 1), each scaled by its own layers."""
     impl = catalogue.get("ltri.table4").impl
-    f = impl.bench.files[0]
-    rows = []
-    for spec in ({"name": "full"}, {"name": "infllm"}, {"name": "ltri"}):
-        for ctx in (4224, 102400, 204800):
-            per = {"full": 131072 * 2 * 2, "infllm": 8192 // 2, "ltri": 64}[spec["name"]]
-            rows.append({"method": spec["name"], "spec": spec, "context": ctx,
-                         "device_bytes_allocated": 10 ** 6 + per * ctx})
     bench = tmp_path / "bench"
     bench.mkdir()
-    (bench / f.name).write_text(json.dumps({"command": f.command, "commit": "abc1234", "layers": 2,
-                                            "device": "NVIDIA H100", "rows": rows}))
+    for f, specs, layers in zip(impl.bench.files, [({"name": "full"}, {"name": "infllm"}), ({"name": "ltri"},),
+                                                   ({"name": "ltri", "lam": 10},)], (2, 1, 1)):
+        rows = []
+        for spec in specs:
+            for ctx in (4224, 102400, 204800):
+                per = {"full": 131072 * 2 * 2, "infllm": 8192 // 2, "ltri": 64 // (1 + spec.get("lam", 0) // 10)}
+                rows.append({"method": spec["name"], "spec": spec, "context": ctx,
+                             "device_bytes_allocated": 10 ** 6 + per[spec["name"]] * ctx})
+        (bench / f.name).write_text(json.dumps({"command": f.command, "commit": "abc1234", "layers": layers,
+                                                "device": "NVIDIA H100", "rows": rows}))
     assert main(["render", "ltri.table4", "--bench", str(bench), "--out", str(tmp_path / "out")]) == 0
     md = (tmp_path / "out" / "tables" / "ltri.table4.md").read_text()
     want = 131072 * 4 * (102400 - 4224) / 2 ** 30
     assert f"{want:.2f}" in md and f"{want * 16:.2f} (23.34)" in md   # latency tables: 4 significant digits
+    ltri = 64 * (102400 - 4224) / 2 ** 30 * 32                           # 1 layer measured: x 32
+    assert f"{ltri:.3f} (0.027)" in md and f"{ltri / 2:.3f} (0.012)" in md
