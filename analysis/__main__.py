@@ -43,14 +43,30 @@ from analysis.catalogue import MissingResults, NotImplementedItem
 from analysis.output import FewerResults, render_into
 
 
-def _cells(item, args, results: str | None = "", rows: str | None = ""):
+def _plan(item, args, results: str | None = "", rows: str | None = ""):
+    """(sweeps, cells): the item's sweeps for the profile, then those its `derive` computes from the
+    filled cells of the first (matched budgets), every cell filled from the results."""
     from analysis.runs import Store, expand
 
     impl = item.require()
     if args.profile not in impl.sweeps:
         raise NotImplementedItem(f"{item.key} has no {args.profile!r} profile; profiles: {', '.join(impl.sweeps)}")
     store = Store(args.results if results == "" else results, args.rows if rows == "" else rows)
-    return [store.fill(c) for c in expand(impl.sweeps[args.profile], args.overrides, impl.label)]
+    sweeps = list(impl.sweeps[args.profile])
+    cells = [store.fill(c) for c in expand(sweeps, args.overrides, impl.label)]
+    extra = impl.derive(args.profile, cells) if impl.derive else []
+    if extra:
+        seen = {tuple(sorted(c.overrides)) for c in cells}
+        for c in expand(extra, args.overrides, impl.label):
+            if tuple(sorted(c.overrides)) not in seen:
+                c.sweep += len(sweeps)
+                cells.append(store.fill(c))
+        sweeps += extra
+    return sweeps, cells
+
+
+def _cells(item, args, results: str | None = "", rows: str | None = ""):
+    return _plan(item, args, results, rows)[1]
 
 
 def _sources(item, args):
@@ -101,20 +117,28 @@ def cmd_run(args) -> int:
         for s in todo:
             print(f"  {s.rerun(args.bench)}   # {s.short()}")
         return 0
-    cells = _cells(item, args)
-    for m in sorted({c.values["method"] for c in cells if c.status == "not implemented"}):
-        print(f"{item.key}: method {m!r} is not implemented (no methods/{m}.py); its rows stay empty")
-    todo = [c for c in cells if c.status in ("missing", "partial")]
-    print(f"{item.key} [{args.profile}]: {len(cells)} cells, {len(todo)} to run, "
-          f"{sum(c.status == 'done' for c in cells)} done")
-    if not todo:
-        return 0
-    t0 = time.time()
-    multiruns = plan(item.require().sweeps[args.profile], args.overrides, cells)
-    failed = launch(commands(item.key, args.profile, multiruns, args.launcher, args.results),
-                    dry_run=args.dry_run, parallel=args.launcher == "slurm")
-    if not args.dry_run:
-        print(f"{item.key}: launched in {time.time() - t0:.0f} s; {failed} multirun(s) failed")
+    failed, done = 0, set()
+    # a derived second stage (matched budgets) appears once the first has rows: run it in the same
+    # call when the launcher waits for the first (local); Slurm runs the stages on two calls
+    for _stage in range(2 if item.require().derive and args.launcher != "slurm" and not args.dry_run else 1):
+        sweeps, cells = _plan(item, args)
+        for m in sorted({c.values["method"] for c in cells if c.status == "not implemented"}):
+            print(f"{item.key}: method {m!r} is not implemented (no methods/{m}.py); its rows stay empty")
+        todo = [c for c in cells if c.status in ("missing", "partial")]
+        print(f"{item.key} [{args.profile}]: {len(cells)} cells, {len(todo)} to run, "
+              f"{sum(c.status == 'done' for c in cells)} done")
+        if not todo or {tuple(c.overrides) for c in todo} <= done:
+            break
+        done |= {tuple(c.overrides) for c in todo}
+        t0 = time.time()
+        multiruns = plan(sweeps, args.overrides, cells)
+        failed += launch(commands(item.key, args.profile, multiruns, args.launcher, args.results),
+                         dry_run=args.dry_run, parallel=args.launcher == "slurm")
+        if not args.dry_run:
+            print(f"{item.key}: launched in {time.time() - t0:.0f} s; {failed} multirun(s) failed")
+    if item.require().derive and args.launcher == "slurm":
+        print(f"{item.key}: second-stage runs (matched budgets) are planned from the first stage's rows: run "
+              f"this command again once the first stage's jobs have finished")
     return 1 if failed else 0
 
 

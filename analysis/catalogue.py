@@ -71,6 +71,10 @@ class Impl:
     # a cell's statistic from its run, {"ours", "ci_lo", "ci_hi", "ci", "n"} (default: the mean of
     # `metric` per sample, analysis.runs.metric_stats); e.g. token-weighted perplexity over books
     aggregate: Callable[[Any], dict[str, Any] | None] | None = None
+    # second-stage sweeps computed from the filled cells of `sweeps` (profile, cells) -> override lists:
+    # runs whose settings depend on other runs' results (Tactic Fig. 11: Quest and StreamingLLM at the
+    # mean budget Tactic selected). They appear once the first stage has rows.
+    derive: Callable[[str, list], list[list[str]]] | None = None
 
 
 @dataclass

@@ -106,7 +106,7 @@ tactic-fig9: install
 tactic-fig10: install
 	$(ANALYSIS) make tactic.fig10 $(ANALYSIS_OPTS)
 
-# tactic.fig11: LongBench 6 tasks at 50/70/90% (Quest/StreamingLLM at matched budgets)  (not implemented yet: prints why and exits 2)
+# tactic.fig11: LongBench 6 tasks at 50/70/90% (Quest/StreamingLLM at matched budgets)
 tactic-fig11: install
 	$(ANALYSIS) make tactic.fig11 $(ANALYSIS_OPTS)
 
@@ -150,7 +150,7 @@ lychee-table3: install
 lychee-table4: install
 	$(ANALYSIS) make lychee.table4 $(ANALYSIS_OPTS)
 
-# lychee.fig7: training dynamics: P(retrieval) per head over steps, Kumaraswamy PDFs  (not implemented yet: prints why and exits 2)
+# lychee.fig7: training dynamics: P(retrieval) per head over steps, Kumaraswamy PDFs  (GPU benchmark: renders results/bench/*.json; prints the GPU commands that write them)
 lychee-fig7: install
 	$(ANALYSIS) make lychee.fig7 $(ANALYSIS_OPTS)
 
@@ -290,9 +290,25 @@ results/bench/lychee_tpot_llama3_h100.json: | install
 results/bench/lychee_kernels_h100.json: | install
 	$(ANALYSIS) bench lychee_kernels_h100.json --force
 
-# python -m bench.memory_offload --model llama3 --weights random --layers 2 --lengths 4224 102400 204800 307200 409600 512000 614400 716800 819200 --methods full infllm ltri ltri:lam=10 --steps 2 --setup-only full --out $@
+# python -m bench.train_curves recipe=passkey-duo steps=60 steps_per_sample=4 lr=0.03 data.context_min=250 data.context_max=500 data.num_passkeys=2 data.passkey_length=6 data.buffer=30 student.sink=8 student.recent=16 log.every=1 log.wandb.mode=disabled log.progress=false log.pdf_steps=[0,10,20,30,40,50] --out $@
+results/bench/train_curves_smollm2_duo_cpu.json: | install
+	$(ANALYSIS) bench train_curves_smollm2_duo_cpu.json --force
+
+# python -m bench.train_curves recipe=passkey-hardkuma steps=60 steps_per_sample=4 lr=0.03 data.context_min=250 data.context_max=500 data.num_passkeys=2 data.passkey_length=6 data.buffer=30 student.sink=8 student.recent=16 log.every=1 log.wandb.mode=disabled log.progress=false log.pdf_steps=[0,10,20,30,40,50] --out $@
+results/bench/train_curves_smollm2_hardkuma_cpu.json: | install
+	$(ANALYSIS) bench train_curves_smollm2_hardkuma_cpu.json --force
+
+# python -m bench.memory_offload --model llama3 --weights random --lengths 4224 102400 204800 307200 409600 512000 614400 716800 819200 --layers 2 --methods full infllm --steps 2 --setup-only full --out $@
 results/bench/memory_evicted_llama3_h100.json: | install
 	$(ANALYSIS) bench memory_evicted_llama3_h100.json --force
+
+# python -m bench.memory_offload --model llama3 --weights random --lengths 4224 102400 204800 307200 409600 512000 614400 716800 819200 --layers 1 --methods ltri --steps 2 --out $@
+results/bench/memory_evicted_ltri_llama3_h100.json: | install
+	$(ANALYSIS) bench memory_evicted_ltri_llama3_h100.json --force
+
+# python -m bench.memory_offload --model llama3 --weights random --lengths 4224 102400 204800 307200 409600 512000 614400 716800 819200 --layers 1 --methods ltri:lam=10 --steps 2 --out $@
+results/bench/memory_evicted_ltri10_llama3_h100.json: | install
+	$(ANALYSIS) bench memory_evicted_ltri10_llama3_h100.json --force
 
 # python -m bench.cascade cacheadd --cache 16384 --tokens 16384 --out $@
 results/bench/cascade_cacheadd_h100.json: | install
