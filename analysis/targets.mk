@@ -114,7 +114,7 @@ tactic-fig11: install
 tactic-table1-5: install
 	$(ANALYSIS) make tactic.table1-5 $(ANALYSIS_OPTS)
 
-# lychee.fig1: per-head top-5 overlap between adjacent layers  (not implemented yet: prints why and exits 2)
+# lychee.fig1: per-head top-5 overlap between adjacent layers  (GPU benchmark: renders results/bench/*.json; prints the GPU commands that write them)
 lychee-fig1: install
 	$(ANALYSIS) make lychee.fig1 $(ANALYSIS_OPTS)
 
@@ -158,7 +158,7 @@ lychee-fig7: install
 lychee-fig8: install
 	$(ANALYSIS) make lychee.fig8 $(ANALYSIS_OPTS)
 
-# lychee.fig9-13: attention visualisations, overlap cases  (not implemented yet: prints why and exits 2)
+# lychee.fig9-13: attention visualisations, overlap cases  (GPU benchmark: renders results/bench/*.json; prints the GPU commands that write them)
 lychee-fig9-13: install
 	$(ANALYSIS) make lychee.fig9-13 $(ANALYSIS_OPTS)
 
@@ -281,6 +281,10 @@ results/bench/tpot_llama3_h100.json: | install
 # python -m bench.kernel_ops --sweep --out $@
 results/bench/kernels_llama3_h100.json: | install
 	$(ANALYSIS) bench kernels_llama3_h100.json --force
+
+# python -m bench.lychee_overlap --model smollm2 --out $@
+results/bench/lychee_overlap_smollm2.json: | install
+	$(ANALYSIS) bench lychee_overlap_smollm2.json --force
 
 # python -m bench.lychee_tpot --model llama3 --weights random --contexts 32768 131072 --steps 16 --out $@
 results/bench/lychee_tpot_llama3_h100.json: | install
