@@ -10,8 +10,3 @@ class HarnessError(Exception):
 
 class ConfigError(HarnessError):
     """A configuration that cannot run: unknown name or key, budget or layer out of range, ..."""
-
-
-class MissingArtifact(ConfigError):
-    """A valid configuration whose run needs a file this checkout lacks and a command makes (a trained
-    head file for a model): the message names the command."""

@@ -24,7 +24,7 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
-from common.errors import ConfigError, MissingArtifact
+from common.errors import ConfigError
 
 HEADS_DIR = Path(__file__).resolve().parent / "heads"
 ROOT = HEADS_DIR.parents[1]
@@ -83,7 +83,7 @@ def resolve(spec: str, *, model: str, recipe: str, num_layers: int, num_kv_heads
                                   f"from model.name), got {model!r}; or pass method.heads=PATH")
             path = head_path(model, recipe)
             if not path.exists():
-                raise MissingArtifact(
+                raise ConfigError(
                     f"no {method} head file for model {model} ({path.relative_to(ROOT)}): train one on the model's "
                     f"weights with `{TRAIN_HINT.format(model=model, recipe=recipe)}` (see methods/heads/README.md), "
                     f"or pass method.heads=PATH|random:SEED")
