@@ -134,7 +134,7 @@ lychee-fig3: install
 lychee-fig4: install
 	$(ANALYSIS) make lychee.fig4 $(ANALYSIS_OPTS)
 
-# lychee.fig5: selection strategies: top-k, top-p, threshold, ratio; score and sparsity  (not implemented yet: prints why and exits 2)
+# lychee.fig5: selection strategies: top-k, top-p, threshold, ratio; score and sparsity
 lychee-fig5: install
 	$(ANALYSIS) make lychee.fig5 $(ANALYSIS_OPTS)
 
