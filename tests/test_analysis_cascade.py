@@ -16,7 +16,7 @@ from analysis.__main__ import main
 from analysis.runs import expand
 
 KEYS = ["cascade.table1", "cascade.fig7", "cascade.table3", "cascade.fig11", "cascade.fig2", "cascade.fig8",
-        "cascade.fig12", "cascade.table2", "cascade.table9", "cascade.fig9"]
+        "cascade.fig12", "cascade.table2", "cascade.table9", "cascade.fig9", "cascade.table10"]
 
 
 def cells(key, profile="embedded"):
@@ -46,8 +46,9 @@ def write_run(results: Path, values: dict, metrics: list[dict], params=None) -> 
                                                 "environment": {"git_commit": "abc1234"}}))
 
 
-def _render(key, results, out, rows_dir):
-    assert main(["render", key, "--results", str(results), "--rows", str(rows_dir), "--out", str(out)]) == 0
+def _render(key, results, out, rows_dir, profile="embedded"):
+    assert main(["render", key, "--profile", profile, "--results", str(results), "--rows", str(rows_dir),
+                 "--out", str(out)]) == 0
     return (out / "tables" / f"{key}.md").read_text()
 
 
@@ -98,6 +99,13 @@ def test_booksum_expands_rouge_columns_and_longbench_means(tmp_path):
             write_run(results, c.values, [{"score": 0.25}] * 2, params={"subset": c.values["task.subsets"]})
     md9 = _render("cascade.table9", results, out, rows)
     assert "| Cascade (Ours) | 25.00" in md9 and "(31.80)" in md9   # a paper Mean appears with its block
+    for c in cells("cascade.table10", "paper"):
+        if c.values["method"] == "cascade":
+            write_run(results, c.values, [{"score": 0.5 if int(c.values["method.cascades"]) == 4 else 0.25}] * 2,
+                      params={"subset": c.values["task.subsets"]})
+    md10 = _render("cascade.table10", results, out, rows, profile="paper")
+    assert "| Cascade (Ours) | 50.00 [50.00–50.00] (56.77) |" in md10 and "(35.32)" in md10
+    assert "| Streaming LLM | 25.00" in md10 and "| MInference (truncated) | n/i (46.72)" in md10   # not implemented
 
 
 def _bench(d: Path) -> None:
