@@ -47,6 +47,8 @@ def matched_budget(run) -> int | None:
 
 def _derive(profile: str, cells: list) -> list[list[str]]:
     model, _, _, page, _ = PROFILES[profile]
+    for key in [k for k in _MATCHED if k[0] == profile]:     # planned afresh from these cells' rows
+        del _MATCHED[key]
     out = []
     for c in cells:
         if c.values["method"] != "tactic" or c.status != "done":
