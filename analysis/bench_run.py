@@ -29,6 +29,12 @@ HARNESS_FILES = [
               "--repeat 3 --budget 1024",
               ENGINE_CODE + ("bench/tactic.py", "methods/tactic.py", "methods/tactic_select.py", "methods/kmeans.py",
                              "methods/quest.py", "methods/tidal.py")),
+    # the paper's range is 32K-128K: at 32K full attention reads 128 MB per layer (~45 us), less than the
+    # selection's fixed kernel cost; 128K is where a 1024-token budget has the most to save
+    BenchFile("tactic_128k_h100.json", "python -m bench.tactic --model llama31_8b --layers 4 --context 131072 "
+              "--steps 32 --repeat 3 --budget 1024",
+              ENGINE_CODE + ("bench/tactic.py", "methods/tactic.py", "methods/tactic_select.py", "methods/kmeans.py",
+                             "methods/quest.py", "methods/tidal.py")),
     BenchFile("engine_llama3_h100.json", "python -m bench.engine --model llama3 --weights random --lengths 8192 "
               "32768 131072 --steps 32 --repeat 2", ENGINE_CODE),
     BenchFile("engine_smollm2_cpu.json", "python -m bench.engine --lengths 4096 --steps 16 --repeat 1", ENGINE_CODE,

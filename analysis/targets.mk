@@ -350,6 +350,10 @@ results/bench/bounded_llama31_8b_h100.json: | install
 results/bench/tactic_h100.json: | install
 	$(ANALYSIS) bench tactic_h100.json --force
 
+# python -m bench.tactic --model llama31_8b --layers 4 --context 131072 --steps 32 --repeat 3 --budget 1024 --out $@
+results/bench/tactic_128k_h100.json: | install
+	$(ANALYSIS) bench tactic_128k_h100.json --force
+
 # python -m bench.engine --model llama3 --weights random --lengths 8192 32768 131072 --steps 32 --repeat 2 --out $@
 results/bench/engine_llama3_h100.json: | install
 	$(ANALYSIS) bench engine_llama3_h100.json --force
