@@ -59,4 +59,4 @@ def test_train_curves_refuses_to_be_told_where_files_go():
     from bench.train_curves import main as run
 
     with pytest.raises(SystemExit, match="chooses where"):
-        run(["steps=1", "out=/tmp/x.json"])
+        run(["steps=1", "out=heads.json"])
