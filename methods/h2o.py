@@ -212,7 +212,9 @@ class H2O(Method):
             q = rope.apply(q, positions)
             rotated = keys
         k_pos = torch.cat([torch.zeros(n_old, dtype=torch.long, device=q.device), q_pos])  # old: all visible
-        out = kernels.prefill_attention(q, rotated, values, self.info.scaling, q_pos=q_pos, k_pos=k_pos)
+        # the kept tokens precede the chunk: [kept | chunk] is plain causal attention, SDPA's fused path
+        # without the [T, n_old + T] mask that k_pos spells out (the mass below needs it: no fused path)
+        out = kernels.prefill_attention(q, rotated, values, self.info.scaling)
         mass = kernels.attention_mass(q, rotated, self.info.scaling, q_pos=q_pos, k_pos=k_pos)
         score = torch.cat([S.score[layer, :, :, :n_old], torch.zeros(B, Hkv, T, device=q.device)], 2)
         score = score + selection.group_reduce(mass, Hkv, c.pool)

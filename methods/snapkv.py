@@ -111,7 +111,7 @@ class SnapKV(Method):
         keys = torch.cat([S.k[layer, :, :, :n_old], k], 2)
         values = torch.cat([S.v[layer, :, :, :n_old], v], 2)
         k_pos = torch.cat([torch.zeros(n_old, dtype=torch.long, device=q.device), step.positions])
-        out = kernels.prefill_attention(q, keys, values, self.info.scaling, q_pos=step.positions, k_pos=k_pos)
+        out = kernels.prefill_attention(q, keys, values, self.info.scaling)  # [kept | chunk]: plain causal
         N = keys.shape[2]
         if N < self.cfg.budget:                         # SnapKV: a short prompt is kept whole
             S.k[layer, :, :, n_old:N], S.v[layer, :, :, n_old:N] = k, v

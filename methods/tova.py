@@ -100,7 +100,7 @@ class TOVA(Method):
         keys = torch.cat([S.k[layer, :, :, :n_old], k], 2)
         values = torch.cat([S.v[layer, :, :, :n_old], v], 2)
         k_pos = torch.cat([torch.zeros(n_old, dtype=torch.long, device=q.device), positions])  # old: all visible
-        out = kernels.prefill_attention(q, keys, values, self.info.scaling, q_pos=positions, k_pos=k_pos)
+        out = kernels.prefill_attention(q, keys, values, self.info.scaling)  # [kept | chunk]: plain causal
         # The chunk's last query ranks every candidate (TOVACache.reduce on attn[:, :, -1, :]).
         probs = kernels.attention_mass(q[:, :, -1:], keys, self.info.scaling, q_pos=positions[-1:], k_pos=k_pos)
         pos = torch.cat([S.pos[layer, :, :, :n_old], positions.view(1, 1, T).expand(B, Hkv, T)], 2)

@@ -36,7 +36,7 @@ LENGTHS = [1 << i for i in range(14, 21)]
 FIT = "dense, degree-2 fit of the measured (an estimate, as the paper's dotted lines)"
 LABEL = {16384: "16K", 32768: "32K", 65536: "65K", 131072: "131K", 262144: "262K", 524288: "524K", 1048576: "1M"}
 NAME = {"cascade": "Cascade (4 cascades)", "cascade_1": "Cascade, 1 cascade (= StreamingLLM)",
-        "streaming_llm": "streaming_llm method (masked prefill)", "dense": "Dense SDPA (flash) prefill",
+        "streaming_llm": "streaming_llm method (ring store, SDPA prefill)", "dense": "Dense SDPA (flash) prefill",
         "streaming": "Cascade, 1 cascade (= StreamingLLM)", "full": "Full (dense prefill)"}
 
 
