@@ -21,7 +21,8 @@ def wilson(successes: float, n: int, z: float = Z95) -> tuple[float, float]:
 
 def interval(values: Sequence[float], z: float = Z95) -> tuple[float, float, str] | None:
     """(low, high, method) of the mean of per-sample values: Wilson when every value is 0 or 1,
-    else mean +- z * sd / sqrt(n) ("normal"). None without samples."""
+    else mean +- z * sd / sqrt(n) ("normal"), clipped to [0, 1] when every value lies there (a mean of
+    per-sample accuracies or F1s cannot leave it). None without samples."""
     vals = [float(v) for v in values]
     n = len(vals)
     if n == 0:
@@ -32,6 +33,8 @@ def interval(values: Sequence[float], z: float = Z95) -> tuple[float, float, str
     mean = sum(vals) / n
     sd = math.sqrt(sum((v - mean) ** 2 for v in vals) / (n - 1)) if n > 1 else float("inf")
     half = z * sd / math.sqrt(n)
+    if all(0.0 <= v <= 1.0 for v in vals):
+        return max(0.0, mean - half), min(1.0, mean + half), "normal"
     return mean - half, mean + half, "normal"
 
 

@@ -130,6 +130,10 @@ def test_wilson_interval_known_values():
     lo, hi, how = interval([1.0] * 50 + [0.0] * 50)
     assert how == "wilson" and (lo, hi) == pytest.approx((0.4038, 0.5962), abs=1e-4)
     assert interval([0.2, 0.4])[2] == "normal" and interval([]) is None
+    # fractional scores in [0, 1] (per-digit accuracy): the normal interval stays inside [0, 1]
+    lo, hi, _ = interval([0.0] * 18 + [0.2, 0.1])
+    assert lo == 0.0 and 0.0 < hi < 0.1
+    assert interval([2.0, 3.0])[0] < 2.0   # other scales are not clipped
 
 
 def test_pack_merges_cells_into_sweeps():

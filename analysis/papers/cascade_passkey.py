@@ -59,11 +59,20 @@ def _label(v: dict):
     return f"cache {v['method.cache_size']}", _row(v), int(v["task.lengths"][0])
 
 
+EMBEDDED_NOTE = """
+Embedded profile: the model, not the cache, sets these numbers. SmolLM2-135M-Instruct itself (HF
+transformers `generate`, full attention, greedy, this prompt; 2026-11-25, CPU) returns the key at a
+1K context only when it sits in the first depth bin (1 of 5 samples; the others answer "The pass key
+is $:"), and at 4K in none (HF: 0 of 1; the engine's full attention: 0 of 10, digit accuracy 0). Every
+cell here sits at or below chance (10%): the figure's shape is not reproducible with this model.
+"""
+
+
 def _render(notes: str):
     def fn(item, impl, df, profile, out):
         md = (header(item, impl, profile, df, "per-digit passkey accuracy in % over the 5 insertion bins "
                      "(random digits: 10%)") + tables(df, 0, col_name=lambda c: f"{int(c) // 1024}K", row_title="Method")
-              + notes + facts_note(item.key))
+              + notes + (EMBEDDED_NOTE if profile == "embedded" else "") + facts_note(item.key))
         fig = lines_figure(df, f"{item.key} ({profile}): passkey accuracy vs context", "context (tokens)",
                            "digit accuracy (%)", ylim=(-3, 103),
                            extra=lambda ax, block: ax.axhline(10, color="0.6", ls=":", lw=1))
