@@ -4,8 +4,8 @@ by the semantic spans their attention map shows as triangles.
 
 - The layer keeps a band of its attention map: for each recent token, the joint-softmax probability it
   gave to each of the previous block_size tokens, summed over query heads (Eq. 4).
-- When a block leaves the window its map is cut into spans (methods/ltri_spans.py: triangle scores with
-  a baseline theta via prefix sums, one candidate per anti-diagonal, 1-D NMS with IoU phi), and each
+- When a block leaves the window its map is cut into spans (methods/ltri_spans.py, on the host: triangle
+  scores with a baseline theta via prefix sums, one candidate per anti-diagonal, 1-D NMS with IoU phi), and each
   span keeps ceil(len * exp(-lambda (1 - r_a))) index vectors (Eq. 7): the keys of its tokens that
   received the most local attention, r_a comparing the span's triangle with its neighbours (Omega).
 - A chunk's queries are cut into spans the same way (its causal self-attention among its own tokens:
@@ -223,22 +223,25 @@ class Ltri(InfLLM):
         h = self.own[layer]
         votes = score[:, h] if h is not None else score.sum(1)                   # [B, bs] attention received
         keys = self._space(layer, k, kv=True)                                     # [B, bs, dim]
-        total = 0
+        # the spans and the picks are host work on a 128 x 128 map: one transfer of the maps and the votes
+        # per block, one of the picked indices back (on a GPU, per-span kernels and syncs dominated)
+        A, votes = S.host(A), votes.detach().cpu()
+        picked, owner, n_spans = [], [], []
         for b in range(self.batch):
             spans = S.detect_spans(A[b], c.per_layer(c.theta_quantile, layer), c.per_layer(c.iou, layer),
                                    c.spans_per_block, c.fill_gaps)
             r_a = S.neighbor_ratio(A[b], spans, c.ratio_mode, c.ratio_area == "density")
             counts = S.vector_counts([y - x + 1 for x, y in spans], r_a, c.lam_of(layer), c.min_vectors,
                                      c.max_vectors, static=c.index == "static")
-            picked, owner = [], []
-            for s_id, ((x, y), n) in enumerate(zip(spans, counts)):
-                top = top_first(tie_round(votes[b, x:y + 1]), n) + x
-                picked.append(top)
-                owner += [s_id] * n
-            idx = torch.cat(picked)
-            self.index.add(layer, b, i, keys[b, idx], torch.tensor(owner, device=idx.device), len(spans))
-            total += idx.numel()
-        self.vectors_per_block.setdefault(layer, []).append(total / self.batch)
+            picked.append(torch.cat([top_first(tie_round(votes[b, x:y + 1]), n) + x
+                                     for (x, y), n in zip(spans, counts)]))
+            owner.append(torch.repeat_interleave(torch.arange(len(spans)), torch.tensor(counts)))
+            n_spans.append(len(spans))
+        sizes = [p.numel() for p in picked]
+        both = torch.stack([torch.cat(picked), torch.cat(owner)]).to(keys.device)
+        for b, (idx, own) in enumerate(zip(both[0].split(sizes), both[1].split(sizes))):
+            self.index.add(layer, b, i, keys[b, idx], own, n_spans[b])
+        self.vectors_per_block.setdefault(layer, []).append(sum(sizes) / self.batch)
 
     # --- retrieval -------------------------------------------------------------------------------------
     def query_spans(self, layer: int) -> list[list[tuple[int, int]]]:
@@ -251,6 +254,7 @@ class Ltri(InfLLM):
         causal = torch.ones(T, T, dtype=torch.bool, device=s.device).tril()
         A = torch.softmax(s.masked_fill(~causal, float("-inf")), -1).sum(1)
         n_spans = max(1, math.ceil(c.spans_per_block * T / c.block_size))
+        A = S.host(A)   # one transfer: the spans are host work (methods/ltri_spans.py)
         return [S.detect_spans(A[b], c.per_layer(c.theta_quantile, layer), c.per_layer(c.iou, layer), n_spans,
                                c.fill_gaps) for b in range(self.batch)]
 

@@ -125,3 +125,63 @@ def test_vector_counts_follow_eq7_and_the_budget():
     # lambda 20: 10, 1, 1, 6 before the cap; the cap takes from the largest (ties: the later span)
     assert LS.vector_counts(lengths, r_a, 20.0, 1, 12) == [5, 1, 1, 5]
     assert LS.vector_counts(lengths, r_a, 3.0, 1, 12, static=True) == [3, 3, 3, 3]
+
+
+# --- the fast paths against the plain formulation they replaced: the same bits -----------------------------
+
+def _plain_triangle_scores(A, theta):
+    n = A.shape[0]
+    P = torch.zeros(n + 1, n + 1, dtype=torch.float64)
+    P[1:, 1:] = torch.tril(A.double() - theta).cumsum(0).cumsum(1)
+    x, y = torch.arange(n).view(-1, 1), torch.arange(n).view(1, -1)
+    return torch.where(x <= y, P[y + 1, y + 1] - P[x, y + 1] - P[y + 1, x] + P[x, x], float("-inf"))
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 8, 129, 300])
+def test_triangle_scores_bit_equal_the_plain_formula(n):
+    for seed in range(3):
+        A = _map(n, 100 + seed).float()
+        assert torch.equal(LS.triangle_scores(A, 0.003 * seed), _plain_triangle_scores(A, 0.003 * seed))
+
+
+def brute_antidiagonal(S):
+    n = len(S)
+    out = []
+    for s in range(2 * n - 1):
+        pts = [(x, s - x) for x in range(n) if x <= s - x < n]
+        best = max(S[x][y] for x, y in pts)
+        out.append(next((x, y, best) for x, y in pts if S[x][y] == best))
+    return out
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 9, 16, 33])
+def test_antidiagonal_best_equals_a_loop_with_ties(n):
+    """Few distinct scores (ties on most anti-diagonals: the smallest x wins), some diagonals all -inf (kept,
+    with their smallest x), the cells below the diagonal never read."""
+    g = torch.Generator().manual_seed(n)
+    for trial in range(6):
+        S = torch.randint(-2, 3, (n, n), generator=g).double()
+        if trial % 2:
+            S[torch.rand(n, n, generator=g) < 0.5] = float("-inf")
+        xs, ys, sc = LS.antidiagonal_best(S)
+        assert list(zip(xs.tolist(), ys.tolist(), sc.tolist())) == brute_antidiagonal(S.tolist())
+
+
+@pytest.mark.parametrize("n", [2, 5, 128, 300, 513])
+def test_quantile_equals_torch_quantile(n):
+    """Bit for bit, also past the size where the partial sort first cuts to a sampled bracket; ties."""
+    g = torch.Generator().manual_seed(n)
+    for A in (_map(n, n).float(), torch.tril((torch.rand(n, n, generator=g) < 0.1).float() * 0.5)):
+        low = A[torch.ones(n, n, dtype=torch.bool).tril()].double()
+        for q in (0.0, 0.5, 0.9, 0.93, 0.999, 1.0):
+            assert LS.quantile_low(A, q) == float(torch.quantile(low, q))
+
+
+def test_in_place_rounding_is_selection_tie_round():
+    from methods.selection import tie_round
+    rng = np.random.default_rng(0)
+    rows = [rng.standard_normal(500) * 10.0 ** rng.integers(-30, 30) for _ in range(20)]
+    rows += [np.zeros(7), np.array([0.5, -0.25, 2.0 ** -1030]), np.array([1.0, -np.inf, 3.0]), np.array([np.nan, 1.0])]
+    for v in rows:
+        got = LS._tie_round_(v.copy().reshape(1, -1))
+        assert np.array_equal(got[0], tie_round(torch.from_numpy(v).reshape(1, -1))[0].numpy(), equal_nan=True)
