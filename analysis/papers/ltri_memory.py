@@ -11,6 +11,13 @@ table states the layers measured and shows the 32-layer figure as measured x 32 
 holds the same structures). Random weights also mean Ltri-LLM's dynamic index-vector counts come from
 random attention maps, not the model's. The paper's InfLLM row is "reprTopk12" (12 representative
 keys per block and head kept separately); ours is InfLLM's default (repr_topk 4, averaged: one key).
+
+Why our Ltri-LLM row is ~80x the paper's: it runs without retrieval heads (random weights have none to
+find; `retrieval_heads: []`), so every layer indexes in the all-heads space, 32 heads x 128 = 4096
+values per index vector, where the paper's retrieval head keeps 128 (1/32). Arithmetic, not a
+measurement: at 800K, 19.2 GiB / 32 = 0.60 GiB, vs the paper's 0.24 (its vector counts come from the
+trained model's maps, ours from random ones). Prefill to 819K on 1 layer: Ltri-LLM 52 s, InfLLM 6.6 s
+per layer (13.3 s on 2), H100 2026-11-25.
 """
 from __future__ import annotations
 
@@ -25,9 +32,9 @@ CODE = ("bench/memory_offload.py", "methods/infllm.py", "methods/stores_blocks.p
 LTRI_CODE = CODE + ("methods/ltri.py", "methods/ltri_spans.py")
 LENGTHS = [4224, 102400, 204800, 307200, 409600, 512000, 614400, 716800, 819200]
 _CMD = "python -m bench.memory_offload --model llama3 --weights random --lengths " + " ".join(map(str, LENGTHS))
-# One file per call of the device machine (10 minutes). Ltri-LLM's prefill took 164 s to 400K tokens on 2
-# layers vs InfLLM's 35 s (H100, 2026-11-25; not profiled there, its per-block span detection on the host
-# the likely cost), so each Ltri setting has its own file with 1 layer; each file is scaled by its layers.
+# One file per call of the device machine (10 minutes). Ltri-LLM's prefill takes ~4x InfLLM's per layer
+# (H100: 22 s to 410K on 1 layer after the host-side span detection was vectorised, from ~34 s), so each
+# Ltri setting has its own file with 1 layer; each file is scaled by its own layers.
 FILES = [BenchFile("memory_evicted_llama3_h100.json", f"{_CMD} --layers 2 --methods full infllm --steps 2 "
                    "--setup-only full", CODE),
          BenchFile("memory_evicted_ltri_llama3_h100.json", f"{_CMD} --layers 1 --methods ltri --steps 2", LTRI_CODE),
@@ -49,7 +56,8 @@ def frame(sources) -> tuple[pd.DataFrame, str]:
     rows, measured = [], []
     for src in sources:
         layers = int((src.data or {}).get("layers") or 32)
-        measured.append(f"{layers} in {src.name}")
+        if src.data is not None:
+            measured.append(f"{layers} in {src.name}")
         base = {}
         for r in src.rows:
             if "error" not in r and r["context"] == min(x["context"] for x in src.rows):

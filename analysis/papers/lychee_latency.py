@@ -14,8 +14,12 @@ from pathlib import Path
 from analysis import latency
 from analysis.catalogue import Bench, BenchFile, Impl, register
 
+# what bench.lychee_tpot runs: full, tidal and lychee with what they import (not every method of the kit)
 E2E_CODE = ("bench/engine.py", "bench/lychee_tpot.py", "runners/engine.py", "runners/graphs.py", "runners/models.py",
-            "methods", "kernels", "conf/method", "conf/model")
+            "runners/layer_ops.py", *(f"methods/{m}.py" for m in ("__init__", "base", "config", "full", "headfile",
+                                                                   "lychee", "lychee_sets", "selection", "stores",
+                                                                   "tidal", "rope")),
+            "kernels", *(f"conf/method/{m}.yaml" for m in ("full", "tidal", "lychee")), "conf/model")
 KERNEL_CODE = ("bench/lychee_kernels.py", "bench/kernel_ops.py", "kernels/hybrid.py", "kernels/hybrid_triton.py",
                "kernels/topk.py", "kernels/attention.py", "kernels/_common.py")
 # the sweeps bench/gpu_lychee.sh runs in its ~2-minute GPU slot (the scripts' defaults cover the paper's
