@@ -314,6 +314,10 @@ results/bench/memory_evicted_ltri_llama3_h100.json: | install
 results/bench/memory_evicted_ltri10_llama3_h100.json: | install
 	$(ANALYSIS) bench memory_evicted_ltri10_llama3_h100.json --force
 
+# python -m bench.memory_offload --model llama3 --weights random --lengths 4224 102400 204800 307200 409600 512000 614400 716800 819200 --layers 2 --methods streaming_llm:sink=128,window=4096 --steps 8 --out $@
+results/bench/memory_evicted_streaming_llama3_h100.json: | install
+	$(ANALYSIS) bench memory_evicted_streaming_llama3_h100.json --force
+
 # python -m bench.cascade cacheadd --cache 16384 --tokens 16384 --out $@
 results/bench/cascade_cacheadd_h100.json: | install
 	$(ANALYSIS) bench cascade_cacheadd_h100.json --force

@@ -11,6 +11,9 @@ table states the layers measured and shows the 32-layer figure as measured x 32 
 holds the same structures). Random weights also mean Ltri-LLM's dynamic index-vector counts come from
 random attention maps, not the model's. The paper's InfLLM row is "reprTopk12" (12 representative
 keys per block and head kept separately); ours is InfLLM's default (repr_topk 4, averaged: one key).
+StreamingLLM (not in the paper's table) drops evicted tokens: its ring of 128 + 4096 slots is fixed at
+setup, so its row should read 0 at every length; it is measured, beside the others, with its decode
+cost (the last block: ms per token for the layers each file builds, embedding and LM head included).
 
 Why our Ltri-LLM row is ~80x the paper's: it runs without retrieval heads (random weights have none to
 find; `retrieval_heads: []`), so every layer indexes in the all-heads space, 32 heads x 128 = 4096
@@ -30,6 +33,8 @@ from analysis.catalogue import Bench, BenchFile, Impl, register
 CODE = ("bench/memory_offload.py", "methods/infllm.py", "methods/stores_blocks.py", "methods/full.py",
         "methods/stores.py", "runners/engine.py")
 LTRI_CODE = CODE + ("methods/ltri.py", "methods/ltri_spans.py")
+STREAMING_CODE = ("bench/memory_offload.py", "methods/streaming_llm.py", "methods/stores.py", "runners/engine.py",
+                  "kernels/prefill.py")
 LENGTHS = [4224, 102400, 204800, 307200, 409600, 512000, 614400, 716800, 819200]
 _CMD = "python -m bench.memory_offload --model llama3 --weights random --lengths " + " ".join(map(str, LENGTHS))
 # One file per call of the device machine (10 minutes). Ltri-LLM's prefill takes ~4x InfLLM's per layer
@@ -39,10 +44,14 @@ FILES = [BenchFile("memory_evicted_llama3_h100.json", f"{_CMD} --layers 2 --meth
                    "--setup-only full", CODE),
          BenchFile("memory_evicted_ltri_llama3_h100.json", f"{_CMD} --layers 1 --methods ltri --steps 2", LTRI_CODE),
          BenchFile("memory_evicted_ltri10_llama3_h100.json", f"{_CMD} --layers 1 --methods ltri:lam=10 --steps 2",
-                   LTRI_CODE)]
+                   LTRI_CODE),
+         # the issue's side-by-side: a bounded cache holds nothing for evicted tokens (they are gone)
+         BenchFile("memory_evicted_streaming_llama3_h100.json", f"{_CMD} --layers 2 --methods "
+                   "streaming_llm:sink=128,window=4096 --steps 8", STREAMING_CODE)]
 PAPER = papers_data.item("ltri.table4")
 COLS = PAPER["columns"]
-NAMES = {"full": "LLAMA3-8B-Instruct-262K", "infllm": "InfLLM-reprTopk12"}
+NAMES = {"full": "LLAMA3-8B-Instruct-262K", "infllm": "InfLLM-reprTopk12",
+         "streaming_llm": "StreamingLLM (128 sinks + 4096 window)"}
 PAPER_DEVICE = "not stated (the paper's GPU)"
 
 
@@ -71,6 +80,11 @@ def frame(sources) -> tuple[pd.DataFrame, str]:
             rows.append(latency.row("measured", lab, col, got, unit="GiB", file=src.name))
             rows.append(latency.row("x 32 layers", lab, col, None if got is None else got * 32 / layers,
                                     paper=_paper(lab, col), unit="GiB", file=src.name))
+            # decode cost at that context, with the file's layers (embedding and LM head included: not per
+            # layer); setup-only rows (full: its store is allocated, never prefilled) have none
+            if r.get("decode_ms_median") is not None:
+                rows.append(latency.row("decode ms/token (layers measured)", f"{lab}, {layers} layer(s)", col,
+                                        r["decode_ms_median"], file=src.name))
     return latency.frame(rows), "; ".join(measured)
 
 
