@@ -310,7 +310,11 @@ results/bench/memory_evicted_llama3_h100.json: | install
 results/bench/memory_evicted_ltri_llama3_h100.json: | install
 	$(ANALYSIS) bench memory_evicted_ltri_llama3_h100.json --force
 
-# python -m bench.memory_offload --model llama3 --weights random --lengths 4224 102400 204800 307200 409600 512000 614400 716800 819200 --layers 1 --methods ltri:lam=10 --steps 2 --out $@
+# python -m bench.memory_offload --model llama3 --weights random --lengths 4224 102400 204800 307200 409600 512000 614400 716800 819200 --layers 1 --methods ltri:first_layers=0 --steps 2 --out $@
+results/bench/memory_evicted_ltri3_llama3_h100.json: | install
+	$(ANALYSIS) bench memory_evicted_ltri3_llama3_h100.json --force
+
+# python -m bench.memory_offload --model llama3 --weights random --lengths 4224 102400 204800 307200 409600 512000 614400 716800 819200 --layers 1 --methods ltri:lam=10,first_layers=0 --steps 2 --out $@
 results/bench/memory_evicted_ltri10_llama3_h100.json: | install
 	$(ANALYSIS) bench memory_evicted_ltri10_llama3_h100.json --force
 

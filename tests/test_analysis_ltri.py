@@ -94,23 +94,29 @@ def test_ruler_and_infinitebench_renderers(tmp_path):
 
 
 def test_table4_from_benchmark_json(tmp_path):
-    """Three files (full + InfLLM on 2 layers, each Ltri setting on 1), each scaled by its own layers."""
+    """Each file scaled by its own layers; a λ row is 4 layers at λ=20 (the 1-layer file without
+    first_layers=0 measures layer 0, a λ=20 layer) + 28 at λ (its own file, first_layers=0)."""
     impl = catalogue.get("ltri.table4").impl
     bench = tmp_path / "bench"
     bench.mkdir()
-    for f, specs, layers in zip(impl.bench.files, [({"name": "full"}, {"name": "infllm"}), ({"name": "ltri"},),
-                                                   ({"name": "ltri", "lam": 10},)], (2, 1, 1)):
-        rows = []
-        for spec in specs:
-            for ctx in (4224, 102400, 204800):
-                per = {"full": 131072 * 2 * 2, "infllm": 8192 // 2, "ltri": 64 // (1 + spec.get("lam", 0) // 10)}
-                rows.append({"method": spec["name"], "spec": spec, "context": ctx,
-                             "device_bytes_allocated": 10 ** 6 + per[spec["name"]] * ctx})
+    per = {"full": 131072 * 2 * 2, "infllm": 8192 // 2, "ltri": 64, "ltri3": 32, "ltri10": 16, "streaming_llm": 0}
+    files = [((("full", {"name": "full"}), ("infllm", {"name": "infllm"})), 2), ((("ltri", {"name": "ltri"}),), 1),
+             ((("ltri3", {"name": "ltri", "first_layers": 0}),), 1),
+             ((("ltri10", {"name": "ltri", "lam": 10, "first_layers": 0}),), 1),
+             ((("streaming_llm", {"name": "streaming_llm", "sink": 128, "window": 4096}),), 2)]
+    assert len(files) == len(impl.bench.files)
+    for f, (specs, layers) in zip(impl.bench.files, files):
+        rows = [{"method": spec["name"], "spec": spec, "context": ctx, "decode_ms_median": 1.5,
+                 "device_bytes_allocated": 10 ** 6 + per[key] * ctx}
+                for key, spec in specs for ctx in (4224, 102400, 204800)]
         (bench / f.name).write_text(json.dumps({"command": f.command, "commit": "abc1234", "layers": layers,
                                                 "device": "NVIDIA H100", "rows": rows}))
     assert main(["render", "ltri.table4", "--bench", str(bench), "--out", str(tmp_path / "out")]) == 0
     md = (tmp_path / "out" / "tables" / "ltri.table4.md").read_text()
-    want = 131072 * 4 * (102400 - 4224) / 2 ** 30
+    gib = (102400 - 4224) / 2 ** 30
+    want = 131072 * 4 * gib
     assert f"{want:.2f}" in md and f"{want * 16:.2f} (23.34)" in md   # latency tables: 4 significant digits
-    ltri = 64 * (102400 - 4224) / 2 ** 30 * 32                           # 1 layer measured: x 32
-    assert f"{ltri:.3f} (0.027)" in md and f"{ltri / 2:.3f} (0.012)" in md
+    x32 = md.split("### x 32 layers")[1].split("###")[0]
+    assert f"{(4 * 64 + 28 * 32) * gib:.3f} (0.027)" in x32 and f"{(4 * 64 + 28 * 16) * gib:.3f} (0.012)" in x32
+    assert "layers 0-3" not in x32 and "layers 0-3 (λ=20) | " + f"{64 * gib:.3f}" in md
+    assert "| StreamingLLM (128 sinks + 4096 window) | 0.000" in x32
