@@ -250,7 +250,7 @@ cascade-fig11: install
 cascade-fig12: install
 	$(ANALYSIS) make cascade.fig12 $(ANALYSIS_OPTS)
 
-# cascade.table4: MMLU  (not implemented yet: prints why and exits 2)
+# cascade.table4: MMLU
 cascade-table4: install
 	$(ANALYSIS) make cascade.table4 $(ANALYSIS_OPTS)
 

@@ -67,6 +67,9 @@ def run_batch(engine, task, batch, tokenizer, stop_ids, info):
     hook = getattr(engine.method, "set_samples", None)   # per-sample facts a method may use (InfLLM's needle span)
     if hook is not None:
         hook([s.params for s in batch])
+    if task.mode == "choice":   # the next-token distribution after the prompt (MMLU): no generation
+        yield from _choice_rows(engine, task, batch, ids)
+        return
     if task.mode == "nll":
         t0 = time.perf_counter()
         nll = engine.nll(ids, mode=first.nll_mode, stride=first.stride).cpu()
@@ -92,6 +95,23 @@ def run_batch(engine, task, batch, tokenizer, stop_ids, info):
                "metrics": {**task.score(s, text), **extra}, "input_tokens": len(s.input_ids), "output_tokens": len(toks),
                "stop_reason": reason, "seed": s.seed, "timings": timings, "attended": engine.method.stats(),
                "batch_size": len(batch), "timestamp": time.time()}
+
+
+def _choice_rows(engine, task, batch, ids):
+    t0 = time.perf_counter()
+    with torch.inference_mode():
+        engine.reset(ids.shape[0], ids.shape[1])
+        logits = engine.prefill(ids.to(engine.device), logits="last")
+        probs = torch.softmax(logits.float(), dim=-1).cpu()
+    elapsed = time.perf_counter() - t0
+    if not torch.isfinite(probs).all():
+        raise FloatingPointError("non-finite next-token probabilities: NaN or inf logits")
+    extra = method_metrics(engine.method)
+    for s, p in zip(batch, probs):
+        metrics = task.score_choice(s, p)
+        yield {"id": s.id, "params": s.params, "references": s.references, "metrics": {**metrics, **extra},
+               "input_tokens": len(s.input_ids), "attended": engine.method.stats(),
+               "timings": {"prefill_s": elapsed}, "batch_size": len(batch), "timestamp": time.time()}
 
 
 def method_metrics(method) -> dict:

@@ -59,7 +59,7 @@ class ModelSpec:
 
 class Task:
     name: ClassVar[str] = ""
-    mode: ClassVar[str] = "generate"     # "generate" | "nll" | "compare" (runners/compare.py)
+    mode: ClassVar[str] = "generate"     # "generate" | "nll" | "choice" | "compare" (runners/compare.py)
 
     def __init__(self, cfg, tokenizer, model: ModelSpec):
         self.cfg = cfg
@@ -122,6 +122,10 @@ class Task:
 
     def score_nll(self, sample: Sample, nll) -> dict[str, float]:
         """Metrics for per-token NLL [T-1] (nll mode)."""
+        raise NotImplementedError
+
+    def score_choice(self, sample: Sample, probs) -> dict[str, float]:
+        """Metrics from the next-token distribution [V] at the prompt's last position (choice mode)."""
         raise NotImplementedError
 
     def summarize(self, rows: list[dict]) -> dict[str, Any]:

@@ -1,0 +1,186 @@
+"""MMLU (Hendrycks et al.): 57 subjects of four-choice questions, scored from the next-token
+distribution after "Answer:" (run mode `choice`: one prefill, the last position's logits, no generation).
+
+Protocols (`task.protocol`):
+  official  the paper's 5-shot prompt: "The following are multiple choice questions (with answers)
+            about {subject, spaces}.\\n\\n", the subject's 5 dev questions as "{q}\\nA. {a}\\n...D. {d}\\n
+            Answer: {X}\\n\\n", then the test question ending "Answer:"; the prediction is the letter whose
+            token " A".." D" is likeliest; categories and the overall score are micro averages over
+            questions (the paper's "weighted accuracy"); subject -> category from its categories.py.
+  cascade   the Cascading KV Cache reference's job (cascade/main/jobs/mmlu.py): 20 shots (the 5 dev
+            questions, then validation questions), each "> The following are multiple choice questions
+            (with answers) about {subject_name}.\\n\\n{n}. {q}\\n\\nA. {a}\\n...\\n\\nAnswer:{X}", joined by
+            blank lines, then "> I want you to answer the following multiple choice question about
+            {subject_name}.\\n\\n21. ..."; a letter's probability is the max over its tokens in 'A', ':A',
+            ': A', ':  A' and the lower-case forms (last token of each); the overall score is the mean of
+            the per-subject accuracies.
+
+Data: the hub's `cais/mmlu` (one config per subject; splits dev / validation / test, fields question,
+choices, answer 0-3) or `task.data_dir` holding the paper's release layout (`dev/<subject>_dev.csv`,
+`val/<subject>_val.csv`, `test/<subject>_test.csv`; rows question, A, B, C, D, answer letter, no header).
+The reference read `lukaemon/mmlu`, the same questions in another layout. Prompts longer than the
+model's length keep their last shots' place: shots are dropped from the front (the paper's rule: k
+shots while the prompt fits), so the test question is never cut.
+"""
+from __future__ import annotations
+
+import csv
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any, ClassVar
+
+from common.errors import ConfigError
+from tasks import hub_data
+from tasks._mmlu_subjects import CATEGORY, SUBJECTS
+from tasks.base import Sample, Task, register
+
+LETTERS = "ABCD"
+HUB_ID = "cais/mmlu"
+PROTOCOLS = {"official": 5, "cascade": 20}
+CASCADE_VARIANTS = ["{}", ":{}", ": {}", ":  {}"]   # the reference's candidates, upper and lower case
+
+
+def _subjects(spec) -> list[str]:
+    if spec in (None, "all"):
+        return list(SUBJECTS)
+    names = [spec] if isinstance(spec, str) else list(spec)
+    out = []
+    for n in names:
+        if n in SUBJECTS:
+            out.append(n)
+        elif n in set(CATEGORY.values()):
+            out += [s for s in SUBJECTS if CATEGORY[s] == n]
+        else:
+            raise ConfigError(f"task.subjects: unknown MMLU subject or category {n!r} (e.g. abstract_algebra, "
+                              f"STEM, humanities, social sciences, other)")
+    return list(dict.fromkeys(out))
+
+
+def _read_csv(path: Path) -> list[dict]:
+    with path.open(newline="", encoding="utf-8") as f:
+        return [{"question": r[0], "choices": r[1:5], "answer": LETTERS.index(r[5].strip())}
+                for r in csv.reader(f) if r]
+
+
+@register
+class MMLU(Task):
+    name = "mmlu"
+    mode = "choice"
+    SPLIT_DIRS: ClassVar[dict[str, str]] = {"dev": "dev", "validation": "val", "test": "test"}
+
+    @classmethod
+    def validate(cls, cfg, model) -> None:
+        super().validate(cfg, model)
+        if cfg.get("protocol", "official") not in PROTOCOLS:
+            raise ConfigError(f"task.protocol must be one of {sorted(PROTOCOLS)}, got {cfg.get('protocol')!r}")
+        shots = cfg.get("shots")
+        if shots is not None and (isinstance(shots, bool) or not isinstance(shots, int) or shots < 0):
+            raise ConfigError(f"task.shots must be an integer >= 0 or null (the protocol's), got {shots!r}")
+        _subjects(cfg.get("subjects"))
+
+    @classmethod
+    def check_data(cls, cfg, model) -> None:
+        if cfg.get("data_dir"):
+            root = Path(str(cfg.data_dir)).expanduser()
+            for s in _subjects(cfg.get("subjects")):
+                for split in ("dev", "test"):
+                    p = root / cls.SPLIT_DIRS[split] / f"{s}_{split}.csv"
+                    if not p.is_file():
+                        raise ConfigError(f"task.data_dir {root}: no {p.relative_to(root)} (MMLU's release layout: "
+                                          f"dev/ val/ test/ folders of <subject>_<split>.csv)")
+
+    # data ------------------------------------------------------------------------------------------
+    def split(self, subject: str, split: str) -> list[dict]:
+        if self.cfg.get("data_dir"):
+            p = Path(str(self.cfg.data_dir)).expanduser() / self.SPLIT_DIRS[split] / f"{subject}_{split}.csv"
+            return _read_csv(p) if p.is_file() else []
+        ds = hub_data.load(self.cfg.get("hub_id") or HUB_ID, subject, split=split,
+                           fix="set task.data_dir to MMLU's release folder (dev/ val/ test/ csv files)")
+        return [{"question": r["question"], "choices": list(r["choices"]), "answer": int(r["answer"])} for r in ds]
+
+    @property
+    def protocol(self) -> str:
+        return self.cfg.get("protocol", "official")
+
+    @property
+    def shots(self) -> int:
+        shots = self.cfg.get("shots")
+        return PROTOCOLS[self.protocol] if shots is None else int(shots)
+
+    def shot_pool(self, subject: str) -> list[dict]:
+        pool = self.split(subject, "dev")
+        if len(pool) < self.shots:   # the reference: train (= dev) then validation, first 20
+            pool += self.split(subject, "validation")
+        return pool[:self.shots]
+
+    # prompts ---------------------------------------------------------------------------------------
+    def official_text(self, subject: str, shots: list[dict], q: dict) -> str:
+        def block(x, answer):
+            opts = "".join(f"\n{L}. {c}" for L, c in zip(LETTERS, x["choices"]))
+            return f"{x['question']}{opts}\nAnswer:" + (f" {LETTERS[x['answer']]}\n\n" if answer else "")
+
+        head = f"The following are multiple choice questions (with answers) about {subject.replace('_', ' ')}.\n\n"
+        return head + "".join(block(x, True) for x in shots) + block(q, False)
+
+    def cascade_text(self, subject: str, shots: list[dict], q: dict) -> str:
+        def block(x, n, target):
+            lead = (f"> I want you to answer the following multiple choice question about {subject}." if target else
+                    f"> The following are multiple choice questions (with answers) about {subject}.")
+            opts = "\n".join(f"{L}. {c}" for L, c in zip(LETTERS, x["choices"]))
+            return f"{lead}\n\n{n}. {x['question']}\n\n{opts}\n\nAnswer:" + ("" if target else LETTERS[x["answer"]])
+
+        return "\n\n".join([block(x, i + 1, False) for i, x in enumerate(shots)] + [block(q, len(shots) + 1, True)])
+
+    def candidates(self) -> list[list[int]]:
+        """Token ids whose probability stands for each letter (max over a letter's list)."""
+        if self.protocol == "official":
+            return [[self.encode(f" {L}")[-1]] for L in LETTERS]
+        return [sorted({self.encode(v.format(c))[-1] for v in CASCADE_VARIANTS for c in (L, L.lower())})
+                for L in LETTERS]
+
+    def samples(self) -> Iterable[Sample]:
+        cands = self.candidates()
+        text = self.official_text if self.protocol == "official" else self.cascade_text
+        for subject in _subjects(self.cfg.get("subjects")):
+            shots = self.shot_pool(subject)
+            for i, q in enumerate(self.split(subject, "test")):
+                k = len(shots)
+                ids = self.bos() + self.encode(text(subject, shots, q))
+                while k > 0 and self.model.too_long(len(ids)):   # drop shots until the prompt fits
+                    k -= 1
+                    ids = self.bos() + self.encode(text(subject, shots[len(shots) - k:] if k else [], q))
+                if self.model.too_long(len(ids)):
+                    raise ConfigError(f"MMLU {subject} test {i}: {len(ids)} tokens without shots exceed the model's "
+                                      f"{self.model.max_length}")
+                yield Sample(id=f"{subject}/{i}", input_ids=ids, references=[LETTERS[q["answer"]]],
+                             params={"subject": subject, "category": CATEGORY[subject], "shots": k,
+                                     "length": len(ids)},
+                             max_new_tokens=0, extra={"candidates": cands})
+
+    def limit_keys(self) -> list[str]:
+        return ["subject"]    # task.limit=N: the first N test questions of every subject
+
+    # scoring ---------------------------------------------------------------------------------------
+    def score_choice(self, sample: Sample, probs) -> dict[str, float]:
+        """probs [V]: the softmax at the prompt's last position."""
+        p = [max(float(probs[t]) for t in ids) for ids in sample.extra["candidates"]]
+        pred = max(range(4), key=lambda i: (p[i], -i))
+        return {"acc": float(LETTERS[pred] == sample.references[0]), "p_answer": p[LETTERS.index(sample.references[0])],
+                "pred": float(pred)}
+
+    def group_by(self) -> list[str]:
+        return ["category", "subject"]
+
+    def summarize(self, rows: list[dict]) -> dict[str, Any]:
+        out = super().summarize(rows)
+        by_subject = out.get("by_subject") or {}
+        if by_subject:   # the reference's overall: the mean of the subjects' accuracies
+            out["acc_subject_mean"] = sum(v["acc"] for v in by_subject.values()) / len(by_subject)
+        return out
+
+    def describe(self) -> dict[str, Any]:
+        return {"task": self.name, "protocol": self.protocol, "shots": self.shots,
+                "data": self.cfg.get("data_dir") or self.cfg.get("hub_id") or HUB_ID,
+                "score": "argmax over the letters' next-token probabilities" +
+                         (" (' A'..' D')" if self.protocol == "official" else " (max over the reference's variants)"),
+                "overall": "micro mean over questions" if self.protocol == "official" else "mean of subject means"}
