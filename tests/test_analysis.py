@@ -117,9 +117,9 @@ def test_table_numbers_resolve_per_paper():
 def test_not_implemented_items_say_so(capsys):
     assert main(["render", "tidal.fig5"]) == 2
     assert "not implemented in analysis/ yet" in capsys.readouterr().err
-    assert main(["run", "cascade.table4"]) == 2
-    assert main(["table", "4", "--paper", "cascade"]) == 2    # (LycheeDecode's and Cascading's table 2 run)
-    assert "cascade.table4, not implemented" in capsys.readouterr().err
+    assert main(["run", "lychee.fig8"]) == 2
+    assert main(["table", "3", "--paper", "tidal"]) == 2
+    assert "tidal.table3, not implemented" in capsys.readouterr().err
     assert main(["render", "nope.table1"]) == 2
 
 
