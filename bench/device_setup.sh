@@ -10,7 +10,13 @@
 # The device copy's .git is the snapshot taken when the session began, not the HEAD whose tree was
 # sent: with HARNESS_COMMIT set (to the local HEAD, the tree clean) .git is moved aside, so benchmark
 # files record that commit instead of an older one with "uncommitted changes".
-if [[ -n ${HARNESS_COMMIT:-} && -d .git ]]; then mv .git "/tmp/dotgit.$(date +%s)"; fi
+# The device tool syncs the next call's tree through that .git: a call that follows one leaving it moved
+# fails ("the call failed on the device machine") and loses the warm machine, parked files included. So
+# it goes back when the command that sourced this ends (an EXIT trap of that shell).
+if [[ -n ${HARNESS_COMMIT:-} && -d .git ]]; then
+  _dotgit="/tmp/dotgit.$(date +%s%N)"
+  mv .git "$_dotgit" && trap '[[ -d .git ]] || mv "'"$_dotgit"'" .git' EXIT
+fi
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 if [[ -d .whl ]] && ! python3 -c "import omegaconf, hydra, gguf" 2>/dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
