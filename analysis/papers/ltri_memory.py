@@ -27,9 +27,10 @@ gap fills dominate; the paper's 2x between λ=3 and λ=10 comes from the trained
 Why our Ltri-LLM rows are far above the paper's: they run without retrieval heads (random weights
 have none to find; `retrieval_heads: []`), so every layer indexes in the all-heads space, 32 heads x
 128 = 4096 values per index vector, where the paper's retrieval head keeps 128 (1/32). Arithmetic,
-not a measurement: the λ=20 layer at 800K holds 0.60 GiB, x 32 = 19.2 GiB; / 32 = 0.60 GiB vs the
-paper's 0.24. Prefill to 819K on 1 layer: Ltri-LLM 52 s (39 s for a λ=20 layer in a later run),
-InfLLM 6.6 s per layer (13.3 s on 2), H100 2026-11-25.
+not a measurement: the λ=20 layer holds 0.60 GiB at 800K, 32 such layers 19.2 GiB; with one head's
+128 values, 1/32 of that, 0.60 GiB for the model, vs the paper's 0.24 (its trained maps and λ=3
+layers set its vector counts). Prefill to 819K on 1 layer (a λ=20 layer): Ltri-LLM 52 s and 39 s in
+two runs, InfLLM 6.6 s per layer (13.3 s on 2), H100 2026-11-25.
 
 StreamingLLM's rows read slightly below 0: its first measurement (the 4224-token baseline) holds
 ~28 MiB that later ones do not (a one-off allocation of the first prefill), and the rest grows by
