@@ -7,6 +7,7 @@ Protocols (`task.protocol`):
             Answer: {X}\\n\\n", then the test question ending "Answer:"; the prediction is the letter whose
             token " A".." D" is likeliest; categories and the overall score are micro averages over
             questions (the paper's "weighted accuracy"); subject -> category from its categories.py.
+            One space after "about", as lm-eval writes it (the release's format_subject adds a second).
   cascade   the Cascading KV Cache reference's job (cascade/main/jobs/mmlu.py): 20 shots (the 5 dev
             questions, then validation questions), each "> The following are multiple choice questions
             (with answers) about {subject_name}.\\n\\n{n}. {q}\\n\\nA. {a}\\n...\\n\\nAnswer:{X}", joined by
