@@ -14,7 +14,7 @@
 # fails ("the call failed on the device machine") and loses the warm machine, parked files included. So
 # it goes back when the command that sourced this ends (an EXIT trap of that shell).
 if [[ -n ${HARNESS_COMMIT:-} && -d .git ]]; then
-  _dotgit="/tmp/dotgit.$(date +%s%N)"
+  _dotgit="$(mktemp -d)/.git"
   mv .git "$_dotgit" && trap '[[ -d .git ]] || mv "'"$_dotgit"'" .git' EXIT
 fi
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}

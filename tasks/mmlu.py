@@ -166,8 +166,7 @@ class MMLU(Task):
         """probs [V]: the softmax at the prompt's last position."""
         p = [max(float(probs[t]) for t in ids) for ids in sample.extra["candidates"]]
         pred = max(range(4), key=lambda i: (p[i], -i))
-        return {"acc": float(LETTERS[pred] == sample.references[0]), "p_answer": p[LETTERS.index(sample.references[0])],
-                "pred": float(pred)}
+        return {"acc": float(LETTERS[pred] == sample.references[0]), "p_answer": p[LETTERS.index(sample.references[0])]}
 
     def group_by(self) -> list[str]:
         return ["category", "subject"]

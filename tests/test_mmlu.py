@@ -110,7 +110,7 @@ def test_letter_scoring_takes_each_letters_best_token(data):
     p = torch.zeros(200)
     p[ord("b")] = 0.5                             # B's lower-case variant wins over A's upper-case one
     p[ord("A")] = 0.3
-    assert task.score_choice(s, p) == {"acc": 0.0, "p_answer": pytest.approx(0.3), "pred": 1.0}
+    assert task.score_choice(s, p) == {"acc": 0.0, "p_answer": pytest.approx(0.3)}
     p[ord("a")] = 0.6
     assert task.score_choice(s, p)["acc"] == 1.0
 
@@ -151,7 +151,7 @@ def test_choice_mode_rows_match_the_hf_models_next_token_probabilities(data, tmp
             probs = torch.softmax(model(torch.tensor([s.input_ids])).logits[0, -1].float(), -1)
         p = [float(probs[c[0]]) for c in s.extra["candidates"]]
         assert r["metrics"]["p_answer"] == pytest.approx(p["ABCD".index(s.references[0])], rel=1e-3, abs=1e-6)
-        assert r["metrics"]["pred"] == max(range(4), key=lambda i: (p[i], -i))
+        assert r["metrics"]["acc"] == float("ABCD"[max(range(4), key=lambda i: (p[i], -i))] == s.references[0])
 
 
 def test_cascade_table4_renders_categories_beside_the_paper(tmp_path):
