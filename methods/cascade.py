@@ -26,10 +26,9 @@ from dataclasses import dataclass
 
 import torch
 
-import kernels
 from common.errors import ConfigError, HarnessError
 from kernels.cascade import cascade_apply
-from kernels.cascade_attention import strided_attention
+from kernels.cascade_attention import rotated_decode_mass, strided_attention
 from kernels.fused import rope as rotate
 from methods.base import Method, register
 from methods.config import MethodConfig, option
@@ -222,9 +221,9 @@ class Cascade(Method):
         X = self.stage_slot
         S.k[layer].index_copy_(2, X, k)                      # write, then attend: the token sees itself
         S.v[layer].index_copy_(2, X, v)
-        keys = rotate(S.k[layer], cs, ss)
-        out, probs = kernels.decode_attention_mass(rotate(q, cq, sq)[:, :, 0].contiguous(), keys, S.v[layer],
-                                                   self.lengths, self.info.scaling, max_length=L.slots)
+        # keys rotated inside the attention kernel (a rotated copy of the cache cost more than attending)
+        out, probs = rotated_decode_mass(rotate(q, cq, sq)[:, :, 0].contiguous(), S.k[layer], S.v[layer], cs, ss,
+                                         self.lengths, self.info.scaling, max_length=L.slots)
         self.record(layer, self.lengths)
         red = self._reduce(probs)
         sc = S.score[layer]

@@ -15,7 +15,8 @@ import pytest
 import kernels
 from kernels import _common
 from kernels.cascade import cascade_apply, cascade_apply_ref
-from kernels.cascade_attention import strided_attention, strided_attention_ref
+from kernels.cascade_attention import (rotated_decode_mass, rotated_decode_mass_ref, strided_attention,
+                                      strided_attention_ref)
 from methods.stores_cascade import CascadeLayout
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
@@ -112,6 +113,38 @@ def test_strided_attention_kernel_matches_reference(T, L, dtype, monkeypatch):
     torch.testing.assert_close(mass, ref_mass, **tol)
 
 
+def _rot_inputs(B, Hq, Hkv, S, D, dtype, seed, dev=DEV):
+    """Queries, a cache with NaN garbage past each length, and a RoPE table at scattered positions."""
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(B, Hq, D, generator=g).to(dev, dtype)
+    k = torch.randn(B, Hkv, S + 5, D, generator=g).to(dev, dtype)
+    v = torch.randn(B, Hkv, S + 5, D, generator=g).to(dev, dtype)
+    lengths = torch.tensor([S, S - 7][:B], dtype=torch.int32, device=dev)
+    for b, n in enumerate(lengths.tolist()):
+        k[b, :, n:] = float("nan")
+        v[b, :, n:] = float("nan")
+    pos = torch.randint(0, 5000, (S + 5,), generator=g).double()
+    inv = 10000.0 ** (-torch.arange(0, D, 2).double() / D)
+    ang = torch.cat([pos[:, None] * inv] * 2, -1)
+    return q, k, v, ang.cos()[None].to(dev, dtype), ang.sin()[None].to(dev, dtype), lengths
+
+
+@needs_kernels
+@pytest.mark.parametrize("S,dtype", [(37, torch.float32), (64, torch.bfloat16)])
+def test_rotated_decode_kernel_matches_rotate_then_attend(S, dtype, monkeypatch):
+    q, k, v, cos, sin, lengths = _rot_inputs(2, 4, 2, S, 16, dtype, seed=S)
+    ref_out, ref_p = rotated_decode_mass_ref(q, k, v, cos, sin, lengths, 0.25, S)
+    monkeypatch.setenv("HARNESS_KERNELS", "triton")
+    out, p = rotated_decode_mass(q, k, v, cos, sin, lengths, 0.25, max_length=S)
+    tol = dict(rtol=2e-2, atol=2e-2) if dtype == torch.bfloat16 else dict(rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(out.float(), ref_out.float(), **tol)
+    torch.testing.assert_close(p, ref_p, **tol)
+    assert torch.equal(p[1, :, S - 7:], torch.zeros_like(p[1, :, S - 7:]))   # past the length: probability 0
+    # the rotation matters: un-rotated keys give other probabilities
+    assert not torch.allclose(p, kernels.decode_attention_mass(q, k[:, :, :S], v[:, :, :S], lengths, 0.25,
+                                                                max_length=S)[1].nan_to_num(0), atol=1e-3)
+
+
 # --- real shapes on the GPU ------------------------------------------------------------------------
 
 @pytest.mark.gpu
@@ -181,3 +214,13 @@ def test_strided_attention_reference_equals_kit_ops(T, L):
     out, mass = strided_attention_ref(q, k, v, 0.3, w, block_bytes=2 * 4 * L * 4 * 3)   # 3 queries per block
     torch.testing.assert_close(out, prefill_attention(q, k, v, 0.3), rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(mass, attention_mass_ref(q, k, 0.3, weights=w), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_rotated_decode_real_shapes():
+    q, k, v, cos, sin, lengths = _rot_inputs(1, 32, 8, 32832, 128, torch.bfloat16, seed=0, dev="cuda")
+    ref_out, ref_p = rotated_decode_mass_ref(q, k, v, cos, sin, lengths, 128 ** -0.5, 32832)
+    out, p = rotated_decode_mass(q, k, v, cos, sin, lengths, 128 ** -0.5, max_length=32832)
+    assert (out.float() - ref_out.float()).abs().max().item() < 2e-2
+    assert (p - ref_p).abs().max().item() < 1e-3
