@@ -23,6 +23,9 @@ byte, and was dropped); that file is now the `layers 0-3 (λ=20)` row, and each 
 CPU, one random layer of this shape at 8,448 tokens keeps 396, 383 and 361 index vectors for λ=3, 10,
 20 (the cap is 396: 12 per block), because random maps have few spans and the per-span floor and the
 gap fills dominate; the paper's 2x between λ=3 and λ=10 comes from the trained model's area ratios.
+On the H100 at 819K the same holds: 76,404, 75,123 and 71,991 index vectors for λ=3, 10 and 20, and
+the λ=3 and λ=10 files allocate the same bytes at every length (the store grows in steps, larger
+than the 2% between their counts).
 
 Why our Ltri-LLM rows are far above the paper's: they run without retrieval heads (random weights
 have none to find; `retrieval_heads: []`), so every layer indexes in the all-heads space, 32 heads x
