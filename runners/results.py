@@ -24,6 +24,8 @@ from runners.store import RowStore, read_failures, read_rows
 # Keys (dotted) that do not affect results and so stay out of the run hash.
 NOT_HASHED = ("runner.wandb", "runner.progress", "runner.results_dir", "runner.name", "runner.on_error",
               "task.limit")
+# Keys added after runs existed, hashed only when set (null = the behaviour before the key).
+HASHED_WHEN_SET = (("model", "max_position"),)
 
 
 def config_hash(cfg) -> str:
@@ -35,6 +37,9 @@ def config_hash(cfg) -> str:
             node = node.get(p, {}) if isinstance(node, dict) else {}
         if isinstance(node, dict):
             node.pop(leaf, None)
+    for group, key in HASHED_WHEN_SET:
+        if isinstance(plain.get(group), dict) and plain[group].get(key, 0) is None:
+            plain[group].pop(key)
     blob = json.dumps(plain, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:10]
 

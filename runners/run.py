@@ -21,7 +21,7 @@ from runners import hub, models
 from runners.batch import batches, mean_timings, run_batch_safely
 from runners.report import print_table
 from runners.results import RunDir, environment
-from runners.validate import model_info, model_spec, validate
+from runners.validate import max_position, model_info, model_spec, validate
 from runners.wandb_log import WandbLogger
 
 MAX_WARNINGS = 5    # failed samples announced one by one; the rest are counted in the summary
@@ -64,6 +64,9 @@ def _run(cfg: DictConfig, report: bool) -> dict:
 
     torch.manual_seed(int(cfg.runner.seed))
     model, tokenizer = models.load(cfg.model, device, dtype, tokenizer=tokenizer)
+    if cfg.model.get("max_position") is not None:
+        # the engine and methods read the limit from the HF config; RoPE itself takes any position
+        model.config.max_position_embeddings = max_position(cfg.model)
     info = methods.ModelInfo.from_hf_config(model.config)
     _check_arch(cfg, info)
     method = methods.build(cfg.method, info)

@@ -27,9 +27,22 @@ def model_info(model_cfg) -> ModelInfo:
         num_kv_heads=int(arch.get("num_key_value_heads") or heads),
         head_dim=int(arch.get("head_dim") or int(arch.hidden_size) // heads),
         hidden_size=int(arch.hidden_size),
-        max_position=int(arch.max_position_embeddings),
+        max_position=max_position(model_cfg),
         vocab_size=int(arch.get("vocab_size") or 0),
     )
+
+
+def max_position(model_cfg) -> int:
+    """The positions a method may use: `model.max_position` where set, else the model's
+    max_position_embeddings. Setting it higher runs RoPE past the trained length, as the Cascading
+    reference ran Qwen2-7B (32768 positions) with caches whose in-cache positions pass 32768; HF's
+    default, linear and llama3 RoPE compute any position, the quality there is the model's."""
+    over = model_cfg.get("max_position")
+    if over is None:
+        return int(model_cfg.arch.max_position_embeddings)
+    if isinstance(over, bool) or not isinstance(over, int) or over < 1:
+        raise ConfigError(f"model.max_position must be a positive integer or null, got {over!r}")
+    return over
 
 
 def model_spec(model_cfg, method=None) -> ModelSpec:

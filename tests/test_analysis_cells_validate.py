@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import functools
 
+import pytest
+
 from omegaconf import OmegaConf
 
 import analysis.papers  # noqa: F401
@@ -22,14 +24,10 @@ from common.errors import ConfigError
 from methods import REGISTRY
 
 
-# (item, profile, model) -> why its cells are refused. Qwen2-7B-Instruct has 32768 positions; the Cascading
-# reference ran Qwen2 with caches of 32K/65K (PG-19: the base model; Booksum: 65536 with the half rule, whose
-# positions pass 32768) by re-indexing RoPE past the trained length. The harness refuses in-cache positions
-# past the model's (methods/cascade.py check); whether to offer that as an explicit option is open (issue 9).
-KNOWN = {("cascade.table1", "paper", "qwen2_7b"): "cache 32768 + 64 sinks + stride > 32768 positions",
-         ("cascade.table2", "paper", "qwen2_7b"): "cache cap 65536 (half rule) > 32768 positions",
-         ("cascade.fig9", "paper", "qwen2_7b"): "cache cap 65536 (quarter rule) > 32768 positions",
-         ("cascade.table9", "paper", "qwen2_7b"): "cache cap 65536 (quarter rule) > 32768 positions"}
+# (item, profile, model) -> why its cells are refused (none today). Qwen2-7B's cascade cells pass its
+# 32768 positions, as the reference ran them: they set model.max_position (analysis/papers/cascade_render.py);
+# test_qwen2_positions_need_the_option checks that without it they are refused.
+KNOWN: dict = {}
 
 
 @functools.cache
@@ -98,3 +96,17 @@ def test_every_cell_of_every_item_validates():
     assert len(verdict) > 1000
     assert not failures, f"{len(failures)} cells refused, e.g.\n" + "\n".join(failures[:10])
     assert refused == set(KNOWN), f"no longer refused, take off KNOWN: {sorted(set(KNOWN) - refused)}"
+
+
+def test_qwen2_positions_need_the_option():
+    """The Qwen2-7B cells validate because of model.max_position, not because nothing checks: without it
+    the cascade cell of cascade.table1 at a 32K cache is refused for its positions."""
+    item = catalogue.items()["cascade.table1"].impl
+    cells = [c for c in expand(item.sweeps["paper"], [], item.label)
+             if c.values["model"] == "qwen2_7b" and c.values["method"] == "cascade"
+             and int(c.values.get("method.cache_size", 0)) == 32768]
+    assert cells and all(c.values.get("model.max_position") == 131072 for c in cells), [c.values for c in cells]
+    _validate(cells[0].values)
+    without = {k: v for k, v in cells[0].values.items() if k != "model.max_position"}
+    with pytest.raises(ConfigError, match="positions"):
+        _validate(without)

@@ -123,3 +123,46 @@ def test_one_line_errors_join_lines():
 
     assert one_line(ConfigError("cannot fetch x\n  (Offline)\n\nset task.data_dir")) == \
         "cannot fetch x (Offline) set task.data_dir"
+
+
+# --- model.max_position: positions past the model's, as the Cascading reference ran Qwen2-7B ---------------
+
+CASCADE_PAST = ["method=cascade", "method.cache_size=512", "method.stride=64", "model.arch.max_position_embeddings=512"]
+
+
+def test_max_position_lets_a_method_use_positions_past_the_model(tmp_path):
+    """Without the option a cascade whose in-cache positions pass the model's 512 is refused before a
+    model loads; with it the run goes through the loop (tiny random model, RoPE past 512) and the
+    method was built with the raised limit."""
+    from helpers_runs import TINY
+
+    from runners import run as run_module
+    from runners.validate import validate
+
+    base = [*TINY, *CASCADE_PAST, "task.lengths=[700]", "task.depths=[0.5]", "task.repeats=1",
+            "task.max_new_tokens=2", "runner.wandb.mode=disabled", "runner.progress=false",
+            f"runner.results_dir={tmp_path}"]
+    with pytest.raises(ConfigError, match="positions"):
+        validate(compose(*base))
+    cfg = compose(*base, "model.max_position=1024")
+    summary = run_module.run(cfg, report=False)
+    assert summary["n_samples"] == 1 and summary["complete"] and summary["n_failed"] == 0, summary
+
+
+@pytest.mark.parametrize("bad", ["0", "-3", "true", "'65536'"])
+def test_max_position_must_be_a_positive_integer(bad):
+    from runners.validate import validate
+
+    with pytest.raises(ConfigError, match="model.max_position"):
+        validate(compose(f"model.max_position={bad}"))
+
+
+def test_max_position_is_hashed_only_when_set():
+    """Runs from before the key keep their directories (null drops out of the hash); setting it is a new run."""
+    from runners.results import config_hash
+
+    cfg = compose()
+    before = OmegaConf.create(OmegaConf.to_container(cfg))
+    del before.model["max_position"]
+    assert config_hash(cfg) == config_hash(before)
+    assert config_hash(compose("model.max_position=16384")) != config_hash(cfg)

@@ -25,7 +25,7 @@ from __future__ import annotations
 from analysis import render
 from analysis.catalogue import Impl, register
 from analysis.shared_data import PG19_DATA
-from analysis.papers.cascade_render import (MODEL_LABEL, RUN_EXTRA, bars_figure, header, lines_figure,
+from analysis.papers.cascade_render import (MODEL_LABEL, RUN_EXTRA, bars_figure, header, lines_figure, model_args,
                                             paper_rows, ppl_stats, tables)
 
 SINK = 64
@@ -72,10 +72,10 @@ def _table1_sweeps(caches: dict, stride: int, embedded: bool) -> list[list[str]]
     for cache, models in caches.items():
         for model in models:
             task = pg19(stride, cache, embedded, curve_window=1024)
-            out.append([*task, f"model={model}", *cascade(cache, stride)])
+            out.append([*task, *model_args(model), *cascade(cache, stride)])
             # the dense baselines step through the book in windows of |C| (task.stride = |C|)
             dense = pg19(cache, cache, embedded, curve_window=1024)
-            out += [[*dense, f"model={model}", *TRUNCATE(cache)], [*dense, f"model={model}", *BIGBIRD(cache)]]
+            out += [[*dense, *model_args(model), *TRUNCATE(cache)], [*dense, *model_args(model), *BIGBIRD(cache)]]
     return out
 
 
@@ -158,7 +158,7 @@ def _first_book(stride: int, embedded: bool) -> list[str]:
 
 
 def _table3_sweeps(model: str, cache: int, stride: int, embedded: bool) -> list[list[str]]:
-    task = [*_first_book(stride, embedded), f"model={model}"]
+    task = [*_first_book(stride, embedded), *model_args(model)]
     return [[*task, *cascade(cache, stride)], [*task, *cascade(cache, stride, "4", selection="false")]]
 
 
@@ -185,7 +185,7 @@ STRIDES = {"paper": [1, 16, 64, 256, 1024, 4096], "embedded": [1, 4, 16, 64, 256
 
 
 def _fig11_sweeps(model: str, cache: int, embedded: bool, strides) -> list[list[str]]:
-    return [[*_first_book(s, embedded), f"model={model}", *cascade(cache, s, "1")] for s in strides]
+    return [[*_first_book(s, embedded), *model_args(model), *cascade(cache, s, "1")] for s in strides]
 
 
 FIG11 = Impl(

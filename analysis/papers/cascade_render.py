@@ -17,6 +17,15 @@ from analysis.stats import interval, token_ppl
 
 RUN_EXTRA: dict[str, dict] = {}
 MODEL_LABEL = {"llama31_8b": "LLaMA3.1-8B", "qwen2_7b": "Qwen2-7B", "smollm2": "SmolLM2-135M"}
+# Qwen2-7B has 32768 positions; the reference ran it with caches whose in-cache positions pass them
+# (32K cache + 64 sinks + stride; 65K caches of the half/quarter rules), RoPE computed past the trained
+# length. Its cells say so: model.max_position lets a method use positions up to 131072.
+MODEL_EXTRA = {"qwen2_7b": ["model.max_position=131072"]}
+
+
+def model_args(model: str) -> list[str]:
+    """A cell's model overrides: the model group and, for Qwen2-7B, the reference's positions."""
+    return [f"model={model}", *MODEL_EXTRA.get(model, [])]
 
 
 def ppl_stats(run) -> dict | None:

@@ -19,8 +19,8 @@ import pandas as pd
 
 from analysis import render
 from analysis.catalogue import Impl, register
-from analysis.papers.cascade_render import (RUN_EXTRA, bars_figure, facts_note, header, multi_stats, paper_rows,
-                                            tables)
+from analysis.papers.cascade_render import (RUN_EXTRA, bars_figure, facts_note, header, model_args, multi_stats,
+                                            paper_rows, tables)
 
 STRIDE = 512
 
@@ -48,11 +48,11 @@ def _booksum_sweeps(profile: str) -> list[list[str]]:
     task = ["task=booksum", "task.variant=cascade"]
     out = []
     for m in models:
-        out += [[*task, "task.truncation=none", f"model={m}", *cascade("half", cap)],
-                [*task, "task.truncation=left", f"model={m}", "method=full"],
-                [*task, "task.truncation=none", f"model={m}", "method=h2o", "method.budget=9216"],
-                [*task, "task.truncation=none", f"model={m}", "method=snapkv"],
-                [*task, "task.truncation=none", f"model={m}", "method=bigbird"]]
+        out += [[*task, "task.truncation=none", *model_args(m), *cascade("half", cap)],
+                [*task, "task.truncation=left", *model_args(m), "method=full"],
+                [*task, "task.truncation=none", *model_args(m), "method=h2o", "method.budget=9216"],
+                [*task, "task.truncation=none", *model_args(m), "method=snapkv"],
+                [*task, "task.truncation=none", *model_args(m), "method=bigbird"]]
     return out
 
 
@@ -105,8 +105,8 @@ LB_LABEL = {"llama31_8b": "LLaMA3.1-8B Instruct", "qwen2_7b": "Qwen2-7B", "smoll
 def _lb_sweeps(profile: str) -> list[list[str]]:
     models, cap = LB_MODELS[profile]
     subsets = ",".join(SUBSETS)
-    return [["task=longbench", f"task.subsets={subsets}", f"model={m}", *cascade("quarter", cap)] for m in models] + \
-        [["task=longbench", f"task.subsets={subsets}", f"model={m}", "method=bigbird"] for m in models]
+    return [["task=longbench", f"task.subsets={subsets}", *model_args(m), *cascade("quarter", cap)] for m in models] + \
+        [["task=longbench", f"task.subsets={subsets}", *model_args(m), "method=bigbird"] for m in models]
 
 
 def with_means(df: pd.DataFrame, n_cols: int, paper: list[dict]) -> pd.DataFrame:
@@ -163,7 +163,7 @@ IB_BLOCK = {"llama31_8b": "32768 / LLaMA3.1-8B Instruct", "smollm2": "2048 / Smo
 
 def _ib_sweeps(profile: str) -> list[list[str]]:
     model, cap, extra = IB_MODELS[profile]
-    task = ["task=infinitebench", "task.protocol=official", "task.subsets=" + ",".join(IB), *extra, f"model={model}"]
+    task = ["task=infinitebench", "task.protocol=official", "task.subsets=" + ",".join(IB), *extra, *model_args(model)]
     return [[*task, *cascade("fixed", cap)], [*task, "method=minference"]]
 
 
