@@ -12,6 +12,7 @@ from tasks.base import ModelSpec
 
 WANDB_MODES = ("disabled", "offline", "online")
 ON_ERROR = ("record", "raise")
+POSITION_FREE_ROPE = ("default", "linear", "llama3")   # inv_freq does not depend on max_position_embeddings
 
 
 def model_info(model_cfg) -> ModelInfo:
@@ -42,6 +43,11 @@ def max_position(model_cfg) -> int:
         return int(model_cfg.arch.max_position_embeddings)
     if isinstance(over, bool) or not isinstance(over, int) or over < 1:
         raise ConfigError(f"model.max_position must be a positive integer or null, got {over!r}")
+    rope = (model_cfg.arch.get("rope_parameters") or {}).get("rope_type", "default")
+    if rope not in POSITION_FREE_ROPE:
+        # YaRN / dynamic / longrope read max_position_embeddings to scale: raising it would change the model
+        raise ConfigError(f"model.max_position needs a RoPE that ignores the model's length ("
+                          f"{', '.join(POSITION_FREE_ROPE)}); {model_cfg.name} has rope_type {rope!r}")
     return over
 
 

@@ -157,6 +157,14 @@ def test_max_position_must_be_a_positive_integer(bad):
         validate(compose(f"model.max_position={bad}"))
 
 
+def test_max_position_refused_where_rope_scaling_reads_the_length():
+    from runners.validate import validate
+
+    validate(compose("model=llama31_8b", "model.max_position=262144"))          # llama3 rope: any position
+    with pytest.raises(ConfigError, match="rope_type 'yarn'"):
+        validate(compose("model=yarn_llama2_7b", "model.max_position=262144"))
+
+
 def test_max_position_is_hashed_only_when_set():
     """Runs from before the key keep their directories (null drops out of the hash); setting it is a new run."""
     from runners.results import config_hash
