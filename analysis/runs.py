@@ -2,9 +2,10 @@
 
 A cell is one run of the sweep: its plain overrides (Hydra's own parser expands the comma sweeps),
 their typed values, and its place in the table. A result run (results/runs/<task>/<model>/<method>/
-<hash>/) fills a cell when its resolved config has the cell's value at every overridden key, so
-tables are rendered from the stored configs alone (no Hydra composition, fast for 1000-run sweeps)
-and stay correct when runner-only keys (W&B, progress, results_dir, task.limit) differ.
+<hash>/) fills a cell when its resolved config has the cell's value at every overridden key and its
+other method and task options at their YAML defaults, so tables are rendered from the stored configs
+alone (no Hydra composition, fast for 1000-run sweeps) and stay correct when runner-only keys (W&B,
+progress, results_dir, task.limit) differ.
 """
 from __future__ import annotations
 
@@ -202,7 +203,38 @@ def _ignored(key: str) -> bool:
 
 
 def matches(config: dict, values: dict[str, Any]) -> bool:
-    return all(_ignored(k) or same(lookup(config, k), v) for k, v in values.items())
+    """The run has the cell's value at every key the cell sets, and its method and task options the
+    cell does not set are at their YAML defaults: a cell that leaves `method.selection` alone is not
+    filled by the sibling run that turned it off (cascade.table3 was, once both had run)."""
+    return all(_ignored(k) or same(lookup(config, k), v) for k, v in values.items()) and \
+        all(_at_default(config, values, group) for group in ("method", "task"))
+
+
+def _at_default(config: dict, values: dict[str, Any], group: str) -> bool:
+    node = config.get(group)
+    defaults = _group_defaults(group, str(values.get(group, "")))
+    if not isinstance(node, dict) or defaults is None:
+        return True
+    for key, default in defaults.items():
+        dotted = f"{group}.{key}"
+        if key == "name" or dotted in values or _ignored(dotted) or key not in node:
+            continue                # set by the cell, not hashed, or older than the key: nothing to compare
+        if not same(node[key], default):
+            return False
+    return True
+
+
+@functools.cache
+def _group_defaults(group: str, name: str) -> dict | None:
+    """conf/<group>/<name>.yaml as plain values (no defaults lists there), or None when absent."""
+    from omegaconf import OmegaConf
+
+    from runners.cli import CONF_DIR
+
+    path = Path(CONF_DIR) / group / f"{name}.yaml"
+    if not name or not path.is_file():
+        return None
+    return OmegaConf.to_container(OmegaConf.load(path), resolve=False)
 
 
 def same(a: Any, b: Any) -> bool:

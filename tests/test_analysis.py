@@ -259,3 +259,18 @@ def test_nothing_done_launches_the_sweeps_as_written(tmp_path, capsys):
     cmds = [line for line in capsys.readouterr().out.splitlines() if line.startswith("$ python")]
     assert len(cmds) == 2                           # tidal layers x budgets, quest budgets: one array each
     assert "method.reselect_layer=null,3,4," in cmds[0] and "method.budget=32,64,128,256,512" in cmds[0]
+
+
+def test_a_cell_leaving_an_option_at_its_default_is_not_filled_by_a_run_that_changed_it(tmp_path):
+    """cascade.table3: 'w/ token selection' leaves method.selection alone, 'w/o' sets it false. A run of
+    the second (its stored config says selection: false) must not fill the first."""
+    impl = catalogue.get("cascade.table3").impl
+    cells = {c.row: c for c in expand(impl.sweeps["embedded"], [], impl.label)}
+    with_sel, without = cells["Ours w/ token selection"], cells["Ours w/o token selection"]
+    assert "method.selection" not in with_sel.values
+    fake_run(tmp_path, dict(without.values, **{"method.selection": False}), [1])
+    store = Store(tmp_path)
+    assert store.fill(without).status == "done"
+    assert store.fill(with_sel).status == "missing"
+    fake_run(tmp_path, dict(with_sel.values, **{"method.selection": True}), [1])   # the YAML default
+    assert Store(tmp_path).fill(with_sel).status == "done"
