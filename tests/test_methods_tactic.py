@@ -236,6 +236,16 @@ def _planted(target: float, inject: bool, n_clusters=128, size=32, D=64, a=40.0,
     return m, out, (q, torch.cat([k, torch.zeros(1, 1, 1, D)], 2), torch.cat([v, torch.zeros(1, 1, 1, D)], 2), info)
 
 
+@pytest.mark.parametrize("target", [0.5, 0.9])
+def test_diagnostics_only_record(target):
+    """method.diagnostics adds statistics, not a different selection: the output is the same bit for bit
+    (tactic.fig9 reads the runs of fig7, which record them)."""
+    on = _planted(target, False)
+    off = _planted(target, False, diagnostics=False)
+    assert on[0].cfg.diagnostics and not off[0].cfg.diagnostics
+    assert torch.equal(on[1], off[1])
+
+
 @pytest.mark.parametrize("target", [0.5, 0.9, 0.99])
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_planted_clusters_estimated_mass_and_budget(target, seed):
