@@ -217,8 +217,9 @@ def _at_default(config: dict, values: dict[str, Any], group: str) -> bool:
         return True
     for key, default in defaults.items():
         dotted = f"{group}.{key}"
-        if key == "name" or dotted in values or _ignored(dotted) or key not in node:
-            continue                # set by the cell, not hashed, or older than the key: nothing to compare
+        if key == "name" or dotted in values or _ignored(dotted) or key not in node or \
+                any(k.startswith(dotted + ".") for k in values):
+            continue                # set by the cell (or part of it), not hashed, or older than the key
         if not same(node[key], default):
             return False
     return True
