@@ -66,13 +66,18 @@ def retrieval_scores(q, k, lengths, heads, *, max_length=None, block: int = 1):
 
 
 def hybrid_decode(q, k, v, lengths, retrieval, index, counts, scale, *, max_length=None, page: int = 1,
-                  roles=None, config=None, chunk=None):
+                  roles=None, config=None, chunk=None, score_heads=None, score_block: int = 1):
     """Decode attention where the query heads of retrieval KV heads (`retrieval` bool [Hkv]) read
     every slot below their length and the others read their KV head's index set (`page` > 1: the
     index holds block numbers of `page` slots each, tokens at or past the length masked). `index`
     may be None only when every head is a retrieval head. `roles`: the same flags as a host tuple
     (the kernel's work layout is planned on the host; without it the Triton path reads `retrieval`
-    back, one device sync, which a CUDA graph capture cannot do)."""
+    back, one device sync, which a CUDA graph capture cannot do).
+
+    `score_heads` (int64 [n], device: the layer's retrieval KV heads in ascending order) asks for their
+    selection scores too, as `retrieval_scores(..., heads=score_heads, block=score_block)` gives them:
+    returns (out, scores). On CUDA the attention kernel writes them while it reads those keys (one read
+    of the retrieval heads' K instead of two)."""
     if backend_for(q) == "torch":
         if page > 1 and index is not None:
             from .attention import sparse_decode_pages_ref
@@ -80,12 +85,19 @@ def hybrid_decode(q, k, v, lengths, retrieval, index, counts, scale, *, max_leng
             dense = decode_attention_ref(q, k, v, lengths, scale, max_length)
             sparse = sparse_decode_pages_ref(q, k, v, index, counts, page, lengths, scale)
             rq = retrieval.repeat_interleave(q.shape[1] // k.shape[1]).view(1, -1, 1)
-            return torch.where(rq, dense, sparse)
-        return hybrid_decode_ref(q, k, v, lengths, retrieval, index, counts, scale, max_length)
+            out = torch.where(rq, dense, sparse)
+        else:
+            out = hybrid_decode_ref(q, k, v, lengths, retrieval, index, counts, scale, max_length)
+        if score_heads is None:
+            return out
+        return out, retrieval_scores_ref(q, k, lengths, score_heads, max_length, score_block)
     from .hybrid_triton import hybrid_decode_triton
 
+    if score_heads is not None and roles is not None:
+        assert score_heads.numel() == sum(roles), "score_heads must be the layer's retrieval heads"
     return hybrid_decode_triton(q, k, v, lengths, retrieval, index, counts, scale, max_length=max_length,
-                                page=page, roles=roles, config=config, chunk=chunk)
+                                page=page, roles=roles, config=config, chunk=chunk,
+                                score_block=score_block if score_heads is not None else None)
 
 
 def streaming_prefill_attention(q, k, v, scale, retrieval, sink: int, recent: int, *, block: int = 1024):

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 
 import kernels
-from kernels.hybrid import hybrid_decode, retrieval_scores
+from kernels.hybrid import hybrid_decode
 from methods import headfile, lychee_sets
 from methods.base import Method, register
 from methods.config import ChunkedPrefill, option
@@ -190,15 +190,16 @@ class LycheeDecode(HybridHeads):
     def decode(self, layer, q1, keys, values):
         c, cap, scale = self.cfg, self.store.capacity, self.info.scaling
         n_ret, all_ret = self.n_ret(layer), all(self.roles_host[layer])
-        # sparse heads read the sets of earlier layers: attend before this layer writes its own
+        # sparse heads read the sets of earlier layers: attend before this layer writes its own; the
+        # retrieval heads' selection scores come out of the same kernel (their keys are read once)
         bs = c.block_size
-        out = hybrid_decode(q1, keys, values, self.lengths, self.roles[layer], None if all_ret else self.index,
+        heads = self.ret_ids(layer) if n_ret else None
+        res = hybrid_decode(q1, keys, values, self.lengths, self.roles[layer], None if all_ret else self.index,
                             None if all_ret else self.counts, scale, max_length=cap, page=bs,
-                            roles=self.roles_host[layer])
+                            roles=self.roles_host[layer], score_heads=heads, score_block=bs)
+        out, scores = res if n_ret else (res, None)
         self.record_hybrid(layer, all_ret, bs)
         if n_ret:
-            heads = self.ret_ids(layer)
-            scores = retrieval_scores(q1, keys, self.lengths, heads, max_length=cap, block=bs)
             index, counts = self.select(scores)
             if self.index is None:  # layer 0 (all retrieval): the step's sets start here
                 self.index, self.counts = index, counts

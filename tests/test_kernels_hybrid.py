@@ -82,6 +82,32 @@ def test_hybrid_decode_matches_reference(roles, page, dtype, chunk):
     assert rel(got, want) < (2e-5 if dtype == torch.float32 else 1e-2)
 
 
+@pytest.mark.parametrize("roles", [ROLES[0], ROLES[1], ROLES[3]])
+@pytest.mark.parametrize("pool,dtype", [(1, torch.float32), (4, torch.float32), (64, torch.float32),
+                                        (4, torch.bfloat16)])
+@pytest.mark.parametrize("chunk", [None, 64])
+def test_hybrid_decode_fused_scores(roles, pool, dtype, chunk):
+    """The attention kernel's own selection scores (score_heads) equal retrieval_scores_ref, -inf past
+    each length, including the splits that start past a length; the output is unchanged."""
+    q, k, v, lengths, index, counts = case(2, 3, 4, 150, 32, [77, 141], dtype, seed=pool, n_idx=9, page=pool)
+    ret = torch.tensor(roles, device=DEV)
+    heads = torch.nonzero(ret).flatten()
+    all_ret = all(roles)
+    args = (q, k, v, lengths, ret, None if all_ret else index, None if all_ret else counts, 0.2)
+    out, scores = H.hybrid_decode(*args, max_length=150, page=pool, roles=roles, chunk=chunk, score_heads=heads,
+                                  score_block=pool)
+    plain = H.hybrid_decode(*args, max_length=150, page=pool, roles=roles, chunk=chunk)
+    assert rel(out, plain) < (1e-6 if dtype == torch.float32 else 1e-2)  # pool 64 > the CPU tile: other tiling
+    want = H.retrieval_scores_ref(q, k, lengths, heads, 150, pool)
+    if DEV == "cpu":  # the reference spans the longest length off CUDA (kernels.attention._span)
+        want = torch.nn.functional.pad(want, (0, scores.shape[-1] - want.shape[-1]), value=float("-inf"))
+    assert scores.shape == want.shape == (2, len(heads), -(-150 // pool))
+    fin = torch.isfinite(want)
+    assert torch.equal(fin, torch.isfinite(scores)) and (scores[~fin] == float("-inf")).all()
+    tol = 1e-4 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(scores[fin], want[fin], atol=tol * 10, rtol=tol)
+
+
 def test_hybrid_plan_balances_work():
     from kernels.hybrid_triton import plan
 
@@ -133,8 +159,12 @@ def test_hybrid_decode_llama3_shape(B, S, n_ret, page):
               else sparse_decode_pages_ref(q, k, v, index, counts, page, lengths, D ** -0.5))
     want = torch.where(ret.repeat_interleave(4).view(1, -1, 1), dense, sparse)
     assert rel(got, want) < 1e-2
-    scores = H.retrieval_scores(q, k, lengths, torch.arange(n_ret, device="cuda"), max_length=S, block=page)
-    ref = H.retrieval_scores_ref(q, k, lengths, torch.arange(n_ret, device="cuda"), S, page)
+    heads = torch.arange(n_ret, device="cuda")
+    ref = H.retrieval_scores_ref(q, k, lengths, heads, S, page)
     fin = torch.isfinite(ref)
-    assert torch.equal(fin, torch.isfinite(scores))
-    torch.testing.assert_close(scores[fin], ref[fin], atol=0.5, rtol=2e-2)
+    fused_out, fused = H.hybrid_decode(q, k, v, lengths, ret, index, counts, D ** -0.5, max_length=S, page=page,
+                                       roles=roles, score_heads=heads, score_block=page)
+    assert rel(fused_out, got) < 1e-3
+    for scores in (H.retrieval_scores(q, k, lengths, heads, max_length=S, block=page), fused):
+        assert torch.equal(fin, torch.isfinite(scores))
+        torch.testing.assert_close(scores[fin], ref[fin], atol=0.5, rtol=2e-2)
