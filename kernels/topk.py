@@ -125,9 +125,7 @@ def topk_positions(scores, lengths, topk, *, block: int | None = None, impl: str
     cnt = torch.empty(B * H, device=scores.device, dtype=torch.int32)
     if kk == 0:
         return idx.view(B, H, 0), cnt.zero_().view(B, H)
-    # a row of up to 4096 scores (LycheeDecode's 64-slot blocks of a 128K cache: 2048) is one tile: each
-    # of the five passes is one load instead of a serial loop (18 us -> measured in lychee_kernels)
-    blk = block or ((max(256, triton.next_power_of_2(S)) if S <= 4096 else 1024) if scores.is_cuda else 64)
+    blk = block or (1024 if scores.is_cuda else 64)
     kernel_for(_topk_kernel, scores)[(B * H,)](sc, idx, cnt, S, kk, sc.stride(0), BLOCK=blk, KPAD=kk,
                                                num_warps=8 if scores.is_cuda else 1)
     return idx.view(B, H, kk), cnt.view(B, H)
