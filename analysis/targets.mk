@@ -154,7 +154,7 @@ lychee-table4: install
 lychee-fig7: install
 	$(ANALYSIS) make lychee.fig7 $(ANALYSIS_OPTS)
 
-# lychee.fig8: budget x retrieval-head ratio: score vs speedup  (not implemented yet: prints why and exits 2)
+# lychee.fig8: budget x retrieval-head ratio: score vs speedup  (GPU benchmark: renders results/bench/*.json; prints the GPU commands that write them)
 lychee-fig8: install
 	$(ANALYSIS) make lychee.fig8 $(ANALYSIS_OPTS)
 
@@ -290,6 +290,10 @@ results/bench/lychee_overlap_smollm2.json: | install
 results/bench/lychee_tpot_llama3_h100.json: | install
 	$(ANALYSIS) bench lychee_tpot_llama3_h100.json --force
 
+# python -m bench.lychee_tpot --model llama3 --weights random --contexts 131072 --batch 2 --steps 16 --out $@
+results/bench/lychee_tpot_llama3_b2_h100.json: | install
+	$(ANALYSIS) bench lychee_tpot_llama3_b2_h100.json --force
+
 # python -m bench.lychee_kernels --quick --sparse-heads 4 6 8 --out $@
 results/bench/lychee_kernels_h100.json: | install
 	$(ANALYSIS) bench lychee_kernels_h100.json --force
@@ -301,6 +305,10 @@ results/bench/train_curves_smollm2_duo_cpu.json: | install
 # python -m bench.train_curves recipe=passkey-hardkuma steps=60 steps_per_sample=4 lr=0.03 data.context_min=250 data.context_max=500 data.num_passkeys=2 data.passkey_length=6 data.buffer=30 student.sink=8 student.recent=16 log.every=1 log.wandb.mode=disabled log.progress=false log.pdf_steps=[0,10,20,30,40,50] --out $@
 results/bench/train_curves_smollm2_hardkuma_cpu.json: | install
 	$(ANALYSIS) bench train_curves_smollm2_hardkuma_cpu.json --force
+
+# python -m bench.lychee_grid --model llama3 --weights random --context 131072 --out $@
+results/bench/lychee_grid_llama3_h100.json: | install
+	$(ANALYSIS) bench lychee_grid_llama3_h100.json --force
 
 # python -m bench.memory_offload --model llama3 --weights random --lengths 4224 102400 204800 307200 409600 512000 614400 716800 819200 --layers 2 --methods full infllm --steps 2 --setup-only full --out $@
 results/bench/memory_evicted_llama3_h100.json: | install

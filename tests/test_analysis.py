@@ -117,7 +117,7 @@ def test_table_numbers_resolve_per_paper():
 def test_not_implemented_items_say_so(capsys):
     assert main(["render", "tidal.fig5"]) == 2
     assert "not implemented in analysis/ yet" in capsys.readouterr().err
-    assert main(["run", "lychee.fig8"]) == 2
+    assert main(["run", "tidal.fig1"]) == 2
     assert main(["table", "3", "--paper", "tidal"]) == 2
     assert "tidal.table3, not implemented" in capsys.readouterr().err
     assert main(["render", "nope.table1"]) == 2

@@ -29,6 +29,9 @@ TPOT_FILES = [BenchFile("lychee_tpot_llama3_h100.json", "python -m bench.lychee_
               # batch 2 at 128K: the KV cache outweighs the weights (34 GB against 16), as at the paper's batches
               BenchFile("lychee_tpot_llama3_b2_h100.json", "python -m bench.lychee_tpot --model llama3 --weights random "
                         "--contexts 131072 --batch 2 --steps 16", E2E_CODE)]
+GRID_CODE = E2E_CODE + ("bench/lychee_grid.py",)
+GRID_FILES = [BenchFile("lychee_grid_llama3_h100.json", "python -m bench.lychee_grid --model llama3 --weights random "
+                        "--context 131072", GRID_CODE)]
 KERNEL_FILES = [BenchFile("lychee_kernels_h100.json", "python -m bench.lychee_kernels --quick --sparse-heads 4 6 8",
                           KERNEL_CODE)]
 NAMES = {"full": "Full", "tidal": "TidalDecode (K=4096)", "lychee": "LycheeDecode (K=4096, tokens)",
@@ -157,6 +160,49 @@ def render_fig4(item, impl, sources, out_root: Path):
     return latency.write(item, df, md, fig, sources, "NVIDIA A800", out_root)
 
 
+def fig8_frame(sources):
+    rows = []
+    for src in sources:
+        for r in src.rows:
+            if r["variant"] != "lychee":
+                continue
+            name = f"{100 * r['head_ratio']:g}% retrieval heads"
+            for block, key, unit in (("speedup vs full (TPOT)", "speedup_vs_full", "x"), ("TPOT (ms / token)",
+                                     "tpot_ms", "ms"), ("over the bandwidth floor", "over_floor", "x")):
+                rows.append(latency.row(block, name, r["budget"], r[key], unit=unit, file=src.name))
+        full = [r for r in src.rows if r["variant"] == "full"]
+        if full:
+            rows.append(latency.row("TPOT (ms / token)", "Full attention", "-", full[0]["tpot_ms"], file=src.name))
+    return latency.frame(rows)
+
+
+FIG8_NOTES = """
+Notes. The speedup axis of the paper's Fig. 8 only: end-to-end TPOT at 128K, batch 1, Llama-3-8B shape with
+random weights, LycheeDecode's 64-slot block path, token budget K x the share of KV heads that are retrieval
+heads (layer 0's 8 forced and counted; the others drawn at random: latency depends on how many, not which),
+full attention measured in the same run. The figure's other axis, the LongBench average score, is not here:
+the LongBench data is not available offline, and choosing the top r% of a trained head file's heads by score
+(the paper's ratio) is not an option of `method=lychee` yet. The paper prints no numbers for this figure.
+"""
+
+
+def render_fig8(item, impl, sources, out_root: Path):
+    df = fig8_frame(sources)
+    md = (latency.header(item, impl, sources, "speedup over full attention, ms per token, x over the floor",
+                         "not stated") + latency.md_tables(df, "Retrieval heads / Budget") + FIG8_NOTES)
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(5, 3.2))
+    sp = df[df["block"] == "speedup vs full (TPOT)"]
+    for i, (name, s) in enumerate(sp.groupby("row", sort=False)):
+        ax.plot([str(c) for c in s["col"]], s["ours"], "o-", color=f"C{i}", label=name)
+    ax.set_xlabel("token budget K")
+    ax.set_ylabel("TPOT speedup vs full")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    ax.set_title(f"{item.key}: speedup by budget and retrieval heads, 128K ({latency.devices(sources)})", fontsize=8)
+    return latency.write(item, df, md, fig, sources, "not stated", out_root)
+
+
 def _latency(title, setup, paper_setup, files, render_fn) -> Impl:
     return Impl(title=title, sweeps={}, label=lambda v: ("", "", ""), render=None, metric="ms",
                 setup={"paper": setup}, paper_setup=paper_setup, bench=Bench(files, render_fn))
@@ -167,6 +213,12 @@ register("lychee.fig3", _latency(
     "bench/lychee_tpot.py: engine TPOT, Llama-3-8B shape (random weights), batch 1 at 32K and 128K, batch 2 at "
     "128K, 16 steps.",
     "Llama-3-8B, TPOT vs context and batch, K=4096 (GPU not stated).", TPOT_FILES, render_fig3))
+register("lychee.fig8", _latency(
+    "Budget x retrieval-head ratio: TPOT speedup over full attention (LycheeDecode Fig. 8, the speedup axis)",
+    "bench/lychee_grid.py: engine TPOT at 128K, Llama-3-8B shape (random weights), batch 1, K 1024/2048/4096 x "
+    "12.5/25/50% retrieval heads, 64-slot blocks, 16 steps.",
+    "Llama3-8B-Instruct-Gradient-1048k, LongBench average vs TPOT speedup, K 1024/2048/4096 x 12.5/25/50% "
+    "retrieval heads (GPU not stated).", GRID_FILES, render_fig8))
 register("lychee.fig4", _latency(
     "Hybrid-head kernel vs FlashAttention-2 by sparse-head ratio, batch 1-8, 16K-128K (LycheeDecode Fig. 4)",
     "bench/lychee_kernels.py: kernel times (CUDA-graph medians), Llama-3-8B decode shape, 90% sparsity, block 64.",
