@@ -19,7 +19,11 @@ E2E_CODE = ("bench/engine.py", "bench/lychee_tpot.py", "runners/engine.py", "run
             "runners/layer_ops.py", *(f"methods/{m}.py" for m in ("__init__", "base", "config", "full", "headfile",
                                                                    "lychee", "lychee_sets", "selection", "stores",
                                                                    "tidal", "rope")),
-            "kernels", *(f"conf/method/{m}.yaml" for m in ("full", "tidal", "lychee")), "conf/model")
+            # the kernel files those import (kernels/__init__ pulls in attention, prefill and quest), not
+            # every kernel: another method's new kernel does not change these numbers
+            *(f"kernels/{k}.py" for k in ("__init__", "_common", "attention", "prefill", "quest", "fused", "hybrid",
+                                          "hybrid_triton", "topk")),
+            *(f"conf/method/{m}.yaml" for m in ("full", "tidal", "lychee")), "conf/model")
 KERNEL_CODE = ("bench/lychee_kernels.py", "bench/kernel_ops.py", "kernels/hybrid.py", "kernels/hybrid_triton.py",
                "kernels/topk.py", "kernels/attention.py", "kernels/_common.py")
 # the sweeps bench/gpu_lychee.sh runs in its ~2-minute GPU slot (the scripts' defaults cover the paper's
