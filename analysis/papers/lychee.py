@@ -132,15 +132,24 @@ EMBEDDED_RULER = ("task.essay_path=../shared/data/paul_graham_essays/ruler/PaulG
                   "task.sentence_splitter=punkt_untrained")
 
 
+# the embedded head file (methods/heads/smollm2-passkey-hardkuma.json) holds 13 retrieval heads: layer 0's 3
+# (forced) + 10; the control row draws those 10 at random (`random:0:10`), same count, same budget
+SMOL_RANDOM_HEADS = "method.heads=random:0:10"
+
+
 def _t4_sweeps(model: str, lengths: list[int], tasks: list[str], n: int, lychee: list[str],
-               extra: tuple[str, ...] = ()) -> list[list[str]]:
+               extra: tuple[str, ...] = (), random_heads: str | None = None) -> list[list[str]]:
     base = ["task=ruler", f"model={model}", f"task.samples_per_task={n}", *extra,
             "task.tasks=" + ",".join(f"[{t}]" for t in tasks), "task.lengths=" + ",".join(f"[{x}]" for x in lengths)]
-    return [[*base, "method=full"], [*base, "method=lychee", *lychee]]
+    rows = [[*base, "method=full"], [*base, "method=lychee", *lychee]]
+    return rows + ([[*base, "method=lychee", *lychee, random_heads]] if random_heads else [])
 
 
 def t4_label(v: dict) -> tuple[str, str, str]:
-    return T4_NAMES[v["method"]], f"{int(v['task.lengths'][0]) // 1024}k", T4_TASKS[v["task.tasks"][0]]
+    name = T4_NAMES[v["method"]]
+    if str(v.get("method.heads", "auto")).startswith("random:"):
+        name += " (random heads, same count)"
+    return name, f"{int(v['task.lengths'][0]) // 1024}k", T4_TASKS[v["task.tasks"][0]]
 
 
 T4_NOTES = """
@@ -151,6 +160,9 @@ model's committed head file. Samples per task: not stated in the paper; 100 here
 500). Embedded profile: SmolLM2-135M (8K context) at 1K/2K/4K, RULER's synthetic tasks only (qa_1 /
 qa_2 need SQuAD / HotpotQA, not available offline: their cells stay empty), 20 samples per task, the
 essay haystack from ../shared/data and nltk's untrained punkt splitter (no punkt_tab data offline).
+The embedded profile adds a control row: LycheeDecode with as many retrieval heads as the trained file
+(13 of 90: layer 0's 3 + 10) drawn at random (`method.heads=random:0:10`), to show what the trained roles
+are worth at the same cost.
 """
 
 TABLE4 = Impl(
@@ -158,7 +170,7 @@ TABLE4 = Impl(
     sweeps={"paper": _t4_sweeps("llama3", [4096, 8192, 16384, 32768, 65536], list(T4_TASKS), 100,
                                 ["method.budget=4096"]),
             "embedded": _t4_sweeps("smollm2", [1024, 2048, 4096], [t for t in T4_TASKS if not t.startswith("qa")],
-                                   20, ["method.budget=512"], EMBEDDED_RULER)},
+                                   20, ["method.budget=512"], EMBEDDED_RULER, SMOL_RANDOM_HEADS)},
     label=t4_label,
     render=lambda item, impl, df, profile, out: _table_render(item, impl, df, profile, out, T4_NOTES,
                                                               "Length / Task"),
@@ -166,7 +178,7 @@ TABLE4 = Impl(
     setup={"paper": "Llama-3-8B-Instruct-Gradient-1048k, RULER 8 tasks at 4K-64K, 100 samples per task; "
                     "LycheeDecode K=4096.",
            "embedded": "SmolLM2-135M-Instruct, RULER's 6 synthetic tasks of the 8 at 1K/2K/4K, 20 samples per "
-                       "task; LycheeDecode K=512 with its committed head file."},
+                       "task; LycheeDecode K=512 with its committed head file, and with as many random heads."},
     paper_setup=setup_text("lychee.table4"),
     metric="score",
 )
