@@ -220,6 +220,8 @@ def _at_default(config: dict, values: dict[str, Any], group: str) -> bool:
         if key == "name" or dotted in values or _ignored(dotted) or key not in node or \
                 any(k.startswith(dotted + ".") for k in values):
             continue                # set by the cell (or part of it), not hashed, or older than the key
+        if isinstance(default, str) and "${" in default:
+            continue                # derived from other settings (LycheeDecode's head_model = model.name)
         if not same(node[key], default):
             return False
     return True

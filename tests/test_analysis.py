@@ -274,3 +274,17 @@ def test_a_cell_leaving_an_option_at_its_default_is_not_filled_by_a_run_that_cha
     assert store.fill(with_sel).status == "missing"
     fake_run(tmp_path, dict(with_sel.values, **{"method.selection": True}), [1])   # the YAML default
     assert Store(tmp_path).fill(with_sel).status == "done"
+
+
+def test_an_interpolated_default_does_not_refuse_a_run(tmp_path):
+    """LycheeDecode's head_model defaults to `${oc.select:model.name,null}`; a run stores the resolved
+    model name. That is not a changed option: the run must fill the cell that leaves it alone (and a run
+    that changed a plain option still must not)."""
+    impl = catalogue.get("lychee.table4").impl
+    cell = next(c for c in expand(impl.sweeps["embedded"], [], impl.label)
+                if c.block == "LycheeDecode" and "method.heads" not in c.values)
+    fake_run(tmp_path, dict(cell.values, **{"method.head_model": "smollm2", "method.sink": 128}), [1])
+    assert Store(tmp_path).fill(cell).status == "done"
+    other = tmp_path / "other"
+    fake_run(other, dict(cell.values, **{"method.head_model": "smollm2", "method.sink": 64}), [1])
+    assert Store(other).fill(cell).status == "missing"
