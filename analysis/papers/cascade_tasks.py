@@ -172,7 +172,9 @@ def _ib_render(item, impl, df, profile, out):
     md = (header(item, impl, profile, full, "InfiniteBench score x100 per task (OpenBMB compute_scores) and their "
                  "mean") + tables(full, 2, row_title="Method")
           + "\nNotes. The three tasks are data-bound (the hub's xinrongzhang2022/InfiniteBench, or task.data_dir): "
-            "no rows on machines without them. MInference is not implemented here (its row is the paper's).\n")
+            "no rows on machines without them. MInference: method=minference with the model's pattern file "
+            "(methods/patterns/: the reference's own for Llama-3.1-8B, searched here for SmolLM2), prompts cut to "
+            "task.max_length as the paper's truncation.\n")
     return render.write(out, item.key, md, full, bars_figure(full[full["col"] != "Mean"], item.key, "score"))
 
 
