@@ -35,9 +35,9 @@ from dataclasses import dataclass
 
 import kernels
 from methods import minference_patterns as P
-from methods.base import Method, register
+from methods.base import register
 from methods.config import MethodConfig, layer_range, option
-from methods.stores import FullStore
+from methods.full import Full
 
 
 @dataclass(frozen=True)
@@ -105,11 +105,11 @@ class MInferenceConfig(MethodConfig):
 
 
 @register
-class MInference(Method):
+class MInference(Full):
+    """Full attention (its store, decode and graph safety) with the prefill replaced."""
+
     name = "minference"
     Config = MInferenceConfig
-    graph_safe = True          # decode is Full's: device lengths, a static store
-    decode_idempotent = True   # a decode step writes only its own position
 
     def __init__(self, cfg):
         super().__init__(cfg)
@@ -117,31 +117,19 @@ class MInference(Method):
         self._density: dict[int, float] = {}
 
     def setup(self, info, batch, max_len, device, dtype):
-        self.info, self.batch = info, batch
+        super().setup(info, batch, max_len, device, dtype)
         if self._patterns is None:  # resolved once per method object (a file read), not per sample
             self._patterns = self.cfg.pattern_set(info)
             self._consts = self.cfg.consts()
-        self.store = getattr(self, "store", None) or FullStore()
-        self.store.allocate(info.num_layers, batch, info.num_kv_heads, max_len, info.head_dim, device, dtype)
         self._density = {}
-
-    def buffers(self):
-        return self.store.buffers()
-
-    def begin(self, step):
-        super().begin(step)
-        self.lengths = self.device_lengths(step, self.batch)
 
     def attend(self, layer, q, k, v, rope):
         step, c = self.step, self.cfg
+        if step.phase == "decode":
+            return super().attend(layer, q, k, v, rope)
         q = rope.apply(q, step.positions)
         k = rope.apply(k, step.positions)
         self.store.write(layer, step.positions, k, v)
-        if step.phase == "decode":
-            self.record(layer, self.lengths)
-            out = kernels.decode_attention(q[:, :, 0].contiguous(), self.store.k[layer], self.store.v[layer],
-                                           self.lengths, self.info.scaling, max_length=self.store.capacity)
-            return out.view(q.shape[0], 1, -1)
         keys, values = self.store.view(layer, step.end)
         heads = self._patterns.heads[layer]
         if layer < c.dense_layers or step.end < c.dense_below or all(p.kind == "dense" for p in heads):

@@ -19,7 +19,6 @@ InfiniteBench KV-retrieval example, not available offline).
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -32,6 +31,7 @@ from methods import ModelInfo
 from methods import minference_patterns as P
 from methods.full import Full
 from methods.minference import MInferenceConfig
+from runners.results import git_commit
 
 ROOT = Path(__file__).resolve().parents[1]
 NEEDLE = " The pass key is {key}. Remember it. {key} is the pass key. "
@@ -173,7 +173,7 @@ def search(cfg: DictConfig, model=None, tokenizer=None, ids: torch.Tensor | None
     model_name = str(cfg.model.name)
     out_path = _path(cfg.out) if cfg.get("out") else P.pattern_path(model_name)
     args = [a for a in sys.argv[1:] if a.split("=", 1)[0].lstrip("+~") != "out"]
-    record = {"command": "python -m runners.minference_search " + " ".join(args), "commit": _commit(),
+    record = {"command": "python -m runners.minference_search " + " ".join(args), "commit": git_commit() or "unknown",
               "criterion": cfg.criterion, "tolerance": float(cfg.tolerance), "recall_from": recall_from,
               "sample": {**OmegaConf.to_container(cfg.sample, resolve=True), "tokens": N},
               "ref_len": int(cfg.ref_len), "scale": scale, "scaling": "size = int(reference size x scale)",
@@ -192,14 +192,6 @@ def search(cfg: DictConfig, model=None, tokenizer=None, ids: torch.Tensor | None
 def _path(p) -> Path:
     p = Path(str(p))
     return p if p.is_absolute() else ROOT / p
-
-
-def _commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
-                              timeout=10, check=False).stdout.strip()
-    except (OSError, subprocess.SubprocessError):  # pragma: no cover
-        return "unknown"
 
 
 def main() -> None:
