@@ -23,17 +23,28 @@ Per-model head patterns: methods/patterns/<model>.json, found by `python -m runn
 (the reference's offline kernel-aware search, methods/patterns/README.md). `size_scale` multiplies
 every size (the reference's `minference_ratio`), for reference-sized patterns at shorter prompts.
 
-Not modelled: MInference's Triton/CUDA sparse kernels. The masked prefill here is torch SDPA with an
-explicit [chunk x N] mask per query chunk: same attention, no prefill speed-up (decode is dense
-anyway); `stats()["prefill_density"]` reports the fraction of causal pairs each layer attended.
+Kernels: on CUDA (kernels/_common.backend_for: HARNESS_KERNELS=torch|triton forces) the prefill is
+our Triton take on the reference's block/column sparse flash-attention kernel (kernels/minference.py):
+per query block a list of key ranges plus single columns built from the same estimated index,
+attending exactly the keys of the masked path with `slash_cover: block` (minference_patterns.rows_mask;
+the reference builder's range merge, up to block - 1 extra keys, is not reproduced). Elsewhere, and
+for `slash_cover: token` (no kernel: exact diagonals), it is torch SDPA with an explicit [chunk x N]
+mask per query chunk: same attention, no speed-up. `stats()` says which ran (`prefill_path`: layers
+per path) and `prefill_density` the fraction of causal pairs each layer attended (counted by the
+kernel itself on its path). The index estimation is torch on every device, one head at a time as in
+the reference. Decode is dense.
 A prompt in several prefill steps (chunked or strided NLL) applies the patterns to each step's
-queries over every cached key, by absolute position (the reference sees one forward).
+queries over every cached key, by absolute position (the reference sees one forward); the kernel
+takes such a step too (its first query block may be partial).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
+
 import kernels
+from kernels import minference as KM
 from methods import minference_patterns as P
 from methods.base import register
 from methods.config import MethodConfig, layer_range, option
@@ -90,7 +101,9 @@ class MInferenceConfig(MethodConfig):
                                "a_shape INIT + LOCAL; block_sparse K blocks); decode dense over every token",
                 "prefill": f"sparse (patterns {self.patterns}), dense layers < {self.dense_layers}",
                 "decode": "dense", "positions": "original",
-                "slash_cover": self.slash_cover, "kernels": "torch masked SDPA (no Triton sparse kernel)"}
+                "slash_cover": self.slash_cover,
+                "kernels": "block/column sparse Triton kernel on CUDA (slash_cover block); torch masked SDPA on "
+                           "the CPU and for slash_cover token"}
 
     @classmethod
     def variants(cls):
@@ -114,14 +127,15 @@ class MInference(Full):
     def __init__(self, cfg):
         super().__init__(cfg)
         self._patterns = None
-        self._density: dict[int, float] = {}
+        self._density: dict = {}
+        self._paths: dict[int, str] = {}
 
     def setup(self, info, batch, max_len, device, dtype):
         super().setup(info, batch, max_len, device, dtype)
         if self._patterns is None:  # resolved once per method object (a file read), not per sample
             self._patterns = self.cfg.pattern_set(info)
             self._consts = self.cfg.consts()
-        self._density = {}
+        self._density, self._paths = {}, {}
 
     def attend(self, layer, q, k, v, rope):
         step, c = self.step, self.cfg
@@ -133,19 +147,59 @@ class MInference(Full):
         keys, values = self.store.view(layer, step.end)
         heads = self._patterns.heads[layer]
         if layer < c.dense_layers or step.end < c.dense_below or all(p.kind == "dense" for p in heads):
-            self._density[layer] = 1.0
+            self._note(layer, DENSE_PATH, 1.0)
             return kernels.prefill_attention(q, keys, values, self.info.scaling)
-        out, density = P.sparse_prefill(q, keys, values, step.positions, heads, self._consts, self.info.scaling,
-                                        c.query_chunk)
-        self._density[layer] = density
+        path = prefill_path(q, c.slash_cover)
+        if path == KERNEL_PATH:
+            out, density = kernel_prefill(q, keys, values, step.positions, step.start, heads, self._consts,
+                                          self.info.scaling)
+        else:
+            out, density = P.sparse_prefill(q, keys, values, step.positions, heads, self._consts, self.info.scaling,
+                                            c.query_chunk)
+        self._note(layer, path, density)
         return out
+
+    def _note(self, layer, path, density):
+        self._density[layer] = density       # a device scalar on the kernel path: read in stats(), no sync here
+        self._paths[layer] = path
 
     def stats(self):
         out = super().stats()
         if self._density:
-            out["prefill_density"] = {layer: round(d, 6) for layer, d in sorted(self._density.items())}
-            out["prefill_density_mean"] = sum(self._density.values()) / len(self._density)
+            dens = {layer: float(d) for layer, d in sorted(self._density.items())}
+            out["prefill_density"] = {layer: round(d, 6) for layer, d in dens.items()}
+            out["prefill_density_mean"] = sum(dens.values()) / len(dens)
+            paths = list(self._paths.values())
+            out["prefill_path"] = {p: paths.count(p) for p in sorted(set(paths))}   # layers per path
         if self._patterns is not None:  # resolved at setup: what `patterns` named (a file, its head counts)
             out["pattern_source"] = self._patterns.source
             out["pattern_counts"] = self._patterns.counts()
         return out
+
+
+KERNEL_PATH = "triton block/column kernel"
+DENSE_PATH = "dense (kernels.prefill_attention)"   # dense layers, short prompts, all-dense layers
+
+
+def prefill_path(q, cover: str) -> str:
+    """Which sparse prefill runs for q's device: the kernel where kernels dispatch to Triton and the slash
+    cover is the kernel's (block); the masked torch reference otherwise, with the reason."""
+    if kernels.backend_for(q) != "triton":
+        return "torch masked SDPA (reference backend)"
+    if cover != "block":
+        return "torch masked SDPA (slash_cover token: no kernel)"
+    return KERNEL_PATH
+
+
+def kernel_prefill(q, k, v, q_pos, q_start: int, heads, c: P.Consts, scale: float):
+    """P.sparse_prefill on the kernel: the same index estimation (torch, one head at a time, each query head
+    over its own KV head), the block/column lists, one launch for the layer. q_pos must be q_start + arange(T)
+    (a prefill step's positions). -> ([B, T, Hq * D], density as a device scalar: pairs the kernel attended
+    over the causal pairs)."""
+    B, Hq, T, _ = q.shape
+    N, g = k.shape[2], Hq // k.shape[1]
+    index = [P.head_index(p, q[:, h], k[:, h // g], q_pos, c, scale) for h, p in enumerate(heads)]
+    idx = KM.build_index(heads, index, q_start, T, N, B, c.block, q.device)
+    out, pairs = KM.mixed_sparse_attention(q, k, v, idx, scale, count=True)
+    causal = B * Hq * (T * q_start + T * (T + 1) // 2)
+    return out, pairs.sum(dtype=torch.int64).double() / max(causal, 1)

@@ -1,0 +1,123 @@
+"""Triton kernel of kernels/minference.py (CUDA; the tests run it in the interpreter too).
+
+One program per (query block, batch x query head), as the reference's
+`_triton_mixed_sparse_attn_fwd_kernel`: load the block's queries once, then flash attention with an
+online softmax (base 2) over the head's key blocks (contiguous loads of at most BLOCK keys each), then
+over its single columns (gathered loads, BM at a time). Every tile is masked by the same rule: the key
+exists (inside its piece / a live column), is causal for the row, and lies in the head's window
+(row - key < LOCAL or key < INIT; LOCAL is huge for every head but A-shape). Rows of a partial query
+block (a chunk starting mid-block, a prompt that is not a multiple of the block) are masked, not
+computed. With COUNT the program also stores how many (row, key) pairs it attended: the method's
+density statistic comes from what the kernel did, not from a separate mask.
+"""
+from __future__ import annotations
+
+import torch
+
+from ._common import LOG2E, kernel_for, next_pow2, tl, triton
+
+# Tiles of 64 queries x 64 keys as the reference (BLOCK_M = BLOCK_N = 64). Its launch (4 warps, 2 stages)
+# spills registers at D = 128 under Triton 3.6 for sm_90 (ptxas -v: 255 registers, ~900 B spilled; this kernel
+# 300-500 B); 8 warps spill nothing. Chosen from the compiler's report, not from timings: tune on the GPU.
+CONFIG = {"num_warps": 8, "num_stages": 2}
+
+
+@triton.jit
+def _tile(acc, m_i, l_i, pairs, q, k_base, v_base, cols, kmask, rows, rvalid, init, local, s_kn, s_vn,
+          dd, qk_scale, D: tl.constexpr, BD: tl.constexpr, PREC: tl.constexpr, UPCAST: tl.constexpr,
+          OFF64: tl.constexpr, COUNT: tl.constexpr):
+    """One tile of keys `cols` [BN] (kmask: which exist) into the running softmax of the rows."""
+    # int32 key offsets unless a head's keys span 2^31 elements (64-bit offset tensors cost registers:
+    # the sm_90 build spilled with them)
+    off = cols.to(tl.int64) if OFF64 else cols
+    lmask = kmask[:, None] if BD == D else kmask[:, None] & (dd[None, :] < D)
+    k = tl.load(k_base + off[:, None] * s_kn + dd[None, :], mask=lmask, other=0.0)
+    v = tl.load(v_base + off[:, None] * s_vn + dd[None, :], mask=lmask, other=0.0)
+    if UPCAST:
+        k = k.to(tl.float32)
+        v = v.to(tl.float32)
+    s = tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale
+    dist = rows[:, None] - cols[None, :]
+    vis = rvalid[:, None] & kmask[None, :] & (dist >= 0) & ((dist < local) | (cols[None, :] < init))
+    s = tl.where(vis, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))        # m_i starts finite: a row with nothing visible stays 0
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(s - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PREC)
+    if COUNT:
+        pairs += tl.sum(tl.sum(vis.to(tl.int32), 1), 0)
+    return acc, m_new, l_i, pairs
+
+
+@triton.jit
+def _mixed_sparse_fwd(Q, K, V, Out, BStart, BEnd, BCount, CIdx, CCount, Init, Local, Pairs,
+                      q_start, T, qk_scale, FIRST, NQ, CB, CC,
+                      s_qb, s_qh, s_qt, s_kb, s_kh, s_kn, s_vb, s_vh, s_vn, s_ob, s_ot, s_oh, HQ, G,
+                      BS: tl.constexpr, BM: tl.constexpr, D: tl.constexpr, BD: tl.constexpr,
+                      PREC: tl.constexpr, UPCAST: tl.constexpr, OFF64: tl.constexpr, COUNT: tl.constexpr):
+    i = tl.program_id(0)                      # query block FIRST + i (absolute positions // BS)
+    bh = tl.program_id(1)
+    b = (bh // HQ).to(tl.int64)
+    h = bh % HQ
+    h64 = h.to(tl.int64)                      # h * (T * D) passes 2^31 at 1M tokens
+    ar = tl.arange(0, BM)                     # BM = BS rounded up to a power of two >= 16
+    rows = (FIRST + i) * BS + ar
+    rvalid = (ar < BS) & (rows >= q_start) & (rows < q_start + T)
+    t = (rows - q_start).to(tl.int64)
+    dd = tl.arange(0, BD)
+    dmask = dd < D
+    q = tl.load(Q + b * s_qb + h64 * s_qh + t[:, None] * s_qt + dd[None, :], mask=rvalid[:, None] & dmask[None, :],
+                other=0.0)
+    if UPCAST:
+        q = q.to(tl.float32)
+    k_base = K + b * s_kb + (h64 // G) * s_kh
+    v_base = V + b * s_vb + (h64 // G) * s_vh
+    init = tl.load(Init + h)
+    local = tl.load(Local + h)
+    lin = bh.to(tl.int64) * NQ + i
+    m_i = tl.full((BM,), -1e30, tl.float32)
+    l_i = tl.zeros((BM,), tl.float32)
+    acc = tl.zeros((BM, BD), tl.float32)
+    pairs = tl.zeros((), tl.int32)
+    nb = tl.load(BCount + lin)
+    for j in range(nb):                       # key pieces: contiguous, at most BS keys each
+        start = tl.load(BStart + lin * CB + j)
+        end = tl.load(BEnd + lin * CB + j)
+        cols = start + ar
+        acc, m_i, l_i, pairs = _tile(acc, m_i, l_i, pairs, q, k_base, v_base, cols, cols < end, rows, rvalid,
+                                     init, local, s_kn, s_vn, dd, qk_scale, D, BD, PREC, UPCAST, OFF64, COUNT)
+    nc = tl.load(CCount + lin)
+    for c0 in range(0, nc, BM):               # single columns, gathered BM at a time
+        live = c0 + ar < nc
+        cols = tl.load(CIdx + lin * CC + c0 + ar, mask=live, other=0)
+        acc, m_i, l_i, pairs = _tile(acc, m_i, l_i, pairs, q, k_base, v_base, cols, live, rows, rvalid,
+                                     init, local, s_kn, s_vn, dd, qk_scale, D, BD, PREC, UPCAST, OFF64, COUNT)
+    out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+    tl.store(Out + b * s_ob + t[:, None] * s_ot + h64 * s_oh + dd[None, :], out.to(Out.dtype.element_ty),
+             mask=rvalid[:, None] & dmask[None, :])
+    if COUNT:
+        tl.store(Pairs + lin, pairs)
+
+
+def mixed_sparse_attention_triton(q, k, v, idx, scale: float, count: bool = False):
+    """The kernel over a kernels.minference.SparseIndex; see mixed_sparse_attention."""
+    B, Hq, T, D = q.shape
+    Hkv = k.shape[1]
+    assert T == idx.q_len and q.stride(-1) == 1 and k.stride(-1) == 1 and v.stride(-1) == 1
+    nq = idx.block_count.shape[-1]
+    out = torch.empty(B, T, Hq, D, device=q.device, dtype=q.dtype)
+    pairs = torch.zeros(B, Hq, nq, device=q.device, dtype=torch.int32) if count else idx.block_count
+    upcast = not q.is_cuda            # the interpreter: fp32 dots (numpy has no bf16 matmul)
+    prec = "ieee" if (q.dtype == torch.float32 or upcast) else "tf32"
+    lists = [t.contiguous() for t in (idx.block_start, idx.block_end, idx.block_count, idx.column_index,
+                                      idx.column_count)]
+    kernel_for(_mixed_sparse_fwd, q)[(nq, B * Hq)](
+        q, k, v, out, *lists, idx.init, idx.local, pairs,
+        idx.q_start, T, scale * LOG2E, idx.first_block, nq, idx.block_start.shape[-1], idx.column_index.shape[-1],
+        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+        v.stride(0), v.stride(1), v.stride(2), out.stride(0), out.stride(1), out.stride(2), Hq, Hq // Hkv,
+        BS=idx.block, BM=max(16, next_pow2(idx.block)), D=D, BD=max(16, next_pow2(D)), PREC=prec, UPCAST=upcast,
+        OFF64=max(k.stride(2), v.stride(2)) * k.shape[2] >= 2**31, COUNT=count, **(CONFIG if q.is_cuda else {}))
+    out = out.view(B, T, Hq * D)
+    return (out, pairs) if count else out
