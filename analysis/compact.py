@@ -94,8 +94,8 @@ def export(cells, root: Path) -> dict[str, int]:
     seen = set()
     for c in cells:
         run = c.run
-        if run is None or run.n_rows == 0 or (run.source, run.path) in seen:
-            continue                  # (a run stopped before its first sample has nothing to keep)
+        if run is None or run.n_rows == 0 or run.source == "view" or (run.source, run.path) in seen:
+            continue                  # (nothing kept yet; a view's run is exported through its own cell)
         seen.add((run.source, run.path))
         if run.source != "runs":
             counts["committed"] += 1

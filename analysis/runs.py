@@ -127,6 +127,8 @@ class Store:
             cell.status, cell.run = "not implemented", None
             return cell
         found = [r for r in self.runs(v["task"], v["model"], v["method"]) if matches(r.config, v)]
+        if not found and isinstance(v.get("task.tasks"), (list, tuple)):
+            return self._fill_from_superset(cell)
         if not found:
             cell.status, cell.run = "missing", None
             return cell
@@ -136,6 +138,33 @@ class Store:
         complete = run.has_summary and (cell.expected is None or run.n_rows >= cell.expected)
         cell.status = "done" if complete else "partial"
         return cell
+
+    def _fill_from_superset(self, cell: Cell) -> Cell:
+        """A cell over some of a task's subtasks (RULER's task.tasks) is filled by a run over more of them
+        with everything else equal: its samples are the same (each derives from task.seed and its own
+        subtask), so the cell reads that run's rows of its subtasks. Tactic's Tables 2-5 are Table 1's
+        run read per task group instead of four more runs of the same samples. Only a finished run
+        counts (a partial one may not have reached the cell's subtasks)."""
+        v = cell.values
+        want = [str(t) for t in v["task.tasks"]]
+        found = [r for r in self.runs(v["task"], v["model"], v["method"]) if r.has_summary
+                 and set(want) <= {str(t) for t in (lookup(r.config, "task.tasks") or [])
+                                   if lookup(r.config, "task.tasks") is not _MISSING}
+                 and matches(r.config, v, skip=("task.tasks",))]
+        if not found:
+            cell.status, cell.run = "missing", None
+            return cell
+        cell.run, cell.expected, cell.status = subset_view(max(found, key=rank), want), None, "done"
+        return cell
+
+
+def subset_view(run: Run, subtasks: list[str]) -> Run:
+    """The run restricted to rows whose params.subtask is in `subtasks` (source "view": analysis.compact
+    exports the run itself, never a view)."""
+    keep = set(subtasks)
+    rows = [r for r in run.rows() if str((r.get("params") or {}).get("subtask")) in keep]
+    return Run(run.path, run.config, len(rows), run.has_summary, run.mtime, run_id=run.run_id, source="view",
+               info=run.info, _rows=rows)
 
 
 def rank(run: Run) -> tuple:
@@ -202,11 +231,12 @@ def _ignored(key: str) -> bool:
     return key.startswith("hydra") or any(key == k or key.startswith(k + ".") for k in NOT_HASHED)
 
 
-def matches(config: dict, values: dict[str, Any]) -> bool:
+def matches(config: dict, values: dict[str, Any], skip: tuple[str, ...] = ()) -> bool:
     """The run has the cell's value at every key the cell sets, and its method and task options the
     cell does not set are at their YAML defaults: a cell that leaves `method.selection` alone is not
-    filled by the sibling run that turned it off (cascade.table3 was, once both had run)."""
-    return all(_ignored(k) or same(lookup(config, k), v) for k, v in values.items()) and \
+    filled by the sibling run that turned it off (cascade.table3 was, once both had run). Keys in `skip`
+    are compared by the caller (Store._fill_from_superset: task.tasks as a subset)."""
+    return all(_ignored(k) or k in skip or same(lookup(config, k), v) for k, v in values.items()) and \
         all(_at_default(config, values, group) for group in ("method", "task"))
 
 

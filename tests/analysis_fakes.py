@@ -46,13 +46,18 @@ def table1_cells() -> dict:
 
 
 
-def fake_metrics_run(results: Path, values: dict, rows: list[dict]) -> Path:
-    """A finished run of `values` whose sample i carries the metrics dict rows[i]."""
+def fake_metrics_run(results: Path, values: dict, rows: list[dict], params: list[dict] | None = None,
+                     summary: bool = True) -> Path:
+    """A run of `values` (finished unless summary=False) whose sample i carries the metrics dict rows[i]
+    and the params dict params[i] (default {})."""
     d = results / values["task"] / values["model"] / values["method"] / f"h{abs(hash(str(values))) % 10**8}"
     d.mkdir(parents=True)
     with open(d / "samples.jsonl", "w") as f:
-        f.writelines(json.dumps({"id": f"s{i}", "params": {}, "metrics": m, "device": "cpu",
+        f.writelines(json.dumps({"id": f"s{i}", "params": params[i] if params else {}, "metrics": m, "device": "cpu",
                                  "dtype": "torch.float32", "timestamp": 1.0e9 + i}) + "\n" for i, m in enumerate(rows))
-    (d / "summary.json").write_text(json.dumps({"config": nested(values), "n_samples": len(rows),
-                                                "environment": {"git_commit": "abc1234"}}))
+    if summary:
+        (d / "summary.json").write_text(json.dumps({"config": nested(values), "n_samples": len(rows),
+                                                    "environment": {"git_commit": "abc1234"}}))
+    else:
+        (d / "config.yaml").write_text(yaml.safe_dump(nested(values)))
     return d

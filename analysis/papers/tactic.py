@@ -36,7 +36,6 @@ GROUPS = {  # block -> RULER tasks (Table 1 = all ten)
     "Table 5: aggregation": ["cwe", "fwe"],
 }
 ALL10 = [t for ts in GROUPS.values() for t in ts]
-BLOCKS = {"Table 1: average": ALL10, **GROUPS}
 TARGETS = [0.5, 0.7, 0.9]
 PROFILES = {  # model, RULER lengths (label, tokens), baseline budgets, Quest page, PG-19 prefix
     "paper": ("llama31_8b", [("16K", 16384), ("32K", 32768), ("64K", 65536)], [448, 1024, 3328], 32, 32768),
@@ -74,17 +73,36 @@ def row_label(v: dict) -> str:
 
 # --- Tables 1-5: RULER -----------------------------------------------------------------------------
 
+OFFLINE = [t for t in ALL10 if t not in GROUPS["Table 3: QA"]]   # QA needs SQuAD/HotpotQA: not offline
+RULER_RUNS = {"paper": (ALL10, 100), "embedded": (OFFLINE, 20)}   # tasks of Table 1's run, samples per task
+
+
 def _ruler_sweeps(profile: str) -> list[list[str]]:
+    """One run per method and length over every task (Table 1); the group tables read its rows."""
     model, lengths, budgets, page, _ = PROFILES[profile]
+    tasks, n = RULER_RUNS[profile]
     lens = ",".join(f"[{n}]" for _, n in lengths)
-    task = ["task=ruler", f"task.lengths={lens}", "task.samples_per_task=100"]
-    return [[*task, f"task.tasks={_list(tasks)}", *m]
-            for tasks in BLOCKS.values() for m in _methods(model, budgets, page)]
+    task = ["task=ruler", f"task.lengths={lens}", f"task.samples_per_task={n}", f"task.tasks={_list(tasks)}"]
+    return [[*task, *m] for m in _methods(model, budgets, page)]
+
+
+def _ruler_groups(profile: str, cells) -> list[list[str]]:
+    """Tables 2-5: each finished Table 1 run read per task group (analysis.runs fills a cell over some of a
+    run's RULER tasks from that run: the samples are the same), not run again."""
+    tasks = set(RULER_RUNS[profile][0])
+    out = []
+    for c in cells:
+        if c.status != "done" or c.block != "Table 1: average":
+            continue
+        for ts in GROUPS.values():
+            if set(ts) <= tasks:
+                out.append([o for o in c.overrides if not o.startswith("task.tasks=")] + [f"task.tasks={_list(ts)}"])
+    return out
 
 
 def _ruler_label(v: dict):
-    tasks = list(v["task.tasks"])
-    block = next(b for b, ts in BLOCKS.items() if ts == tasks)
+    tasks = [str(t) for t in v["task.tasks"]]
+    block = next((b for b, ts in GROUPS.items() if ts == tasks), "Table 1: average")
     n = int(v["task.lengths"][0])
     col = next((lab for p in PROFILES.values() for lab, tok in p[1] if tok == n), str(n))
     return block, row_label(v), col
@@ -103,12 +121,14 @@ TABLE1_5 = Impl(
     title="RULER at 16K/32K/64K: average, NIAH, QA, VT, aggregation (Tactic Tables 1-5)",
     sweeps={p: _ruler_sweeps(p) for p in PROFILES},
     label=_ruler_label,
+    derive=_ruler_groups,
     render=lambda item, impl, df, profile, out: ruler_tables(item, impl, df, profile, out),
     paper=_paper_rows(),
     setup={"paper": "Llama-3.1-8B-Instruct, RULER (tasks/ruler.py) at 16K/32K/64K, 100 samples per task; "
                     "Tactic 50/70/90 %, Quest 448/1024/3328 (page 32), StreamingLLM (4, K-4).",
-           "embedded": "SmolLM2-135M-Instruct, RULER at 2K/4K/7.4K (standing in for 16K/32K/64K), 100 samples per "
-                       "task; budgets / 8: Quest 56/128/416 (page 8), StreamingLLM (4, K-4)."},
+           "embedded": "SmolLM2-135M-Instruct, RULER at 2K/4K/7.4K (standing in for 16K/32K/64K), its 8 synthetic "
+                       "tasks (QA needs SQuAD/HotpotQA: not offline), 20 samples per task; Table 1 averages those 8; "
+                       "budgets / 8: Quest 56/128/416 (page 8), StreamingLLM (4, K-4)."},
     paper_setup="Llama-3.1-8B-Instruct, 10 RULER tasks x 100 samples, 16K/32K/64K; Avg. = mean of the lengths.",
     metric="score",
 )
@@ -145,9 +165,11 @@ def ruler_tables(item, impl, df: pd.DataFrame, profile: str, out) -> list:
 
 
 TABLE_NOTES = """
-Notes. Avg. is the paper's mean over the three lengths (ours: read it off the length columns). Each
-group table is its own run over the group's tasks; Table 1 is a run over all ten (the samples are the
-same: RULER derives each sample from task.seed). QA needs SQuAD/HotpotQA (task.data_dir or the hub).
+Notes. Avg. is the paper's mean over the three lengths (ours: read it off the length columns). One run
+per method and length over all the tasks (Table 1); each group table (2-5) reads that run's rows of its
+tasks (RULER derives each sample from task.seed and its task, so a group run would repeat them). QA
+needs SQuAD/HotpotQA (task.data_dir or the hub): the embedded profile runs the 8 synthetic tasks and its
+Table 1 averages those.
 """
 
 
