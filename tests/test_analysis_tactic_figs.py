@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+from analysis_fakes import fake_metrics_run
 from analysis_fakes import fake_metrics_run as _fake
 
 from analysis import catalogue
@@ -58,13 +59,20 @@ def test_fig1_tables_the_cdf_by_step_and_by_context(tmp_path):
 def test_fig3_4_kl_and_ruler_against_weight_percentage(tmp_path):
     cells = _cells("tactic.fig3-4")
     assert {c.values["method.mode"] for c in cells} == {"oracle_global"}
-    assert {c.row for c in cells} == {"KL", *tactic_figs.FIG4_TASKS}
+    assert {c.row for c in cells} == {"KL", tactic_figs.FIG4_ALL}        # one RULER run per percentage
     kl = next(c for c in cells if c.row == "KL" and c.col == "70%")
-    vt = next(c for c in cells if c.row == "vt" and c.col == "99%")
+    ruler = next(c for c in cells if c.row == tactic_figs.FIG4_ALL and c.col == "99%")
+    assert "task.samples_per_task=20" in ruler.overrides
     _fake(tmp_path / "runs", kl.values, [{"kl": 0.25}, {"kl": 0.35}])
-    _fake(tmp_path / "runs", vt.values, [{"score": 1.0}, {"score": 0.5}])
+    tasks = tactic_figs.FIG4_TASKS
+    params = [{"subtask": t} for t in tasks for _ in range(2)]
+    fake_metrics_run(tmp_path / "runs", ruler.values,
+                     [{"score": {"vt": [1.0, 0.5]}.get(p["subtask"], [0.0, 0.0])[i % 2]} for i, p in enumerate(params)],
+                     params=params)
     md = _render(tmp_path, "tactic.fig3-4")
-    assert "0.3000 [" in md and "75.0 [" in md
+    assert "0.3000 [" in md
+    assert "| vt | " in md and "75.0 [" in md            # the vt row reads the 5-task run's vt rows
+    assert "| mean of the 5 tasks | " in md and "15.0 [" in md   # 1.5 of 10
 
 
 def test_fig6_is_token_weighted_perplexity(tmp_path):
