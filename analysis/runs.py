@@ -148,14 +148,18 @@ class Store:
         v = cell.values
         want = [str(t) for t in v["task.tasks"]]
         found = [r for r in self.runs(v["task"], v["model"], v["method"]) if r.has_summary
-                 and set(want) <= {str(t) for t in (lookup(r.config, "task.tasks") or [])
-                                   if lookup(r.config, "task.tasks") is not _MISSING}
-                 and matches(r.config, v, skip=("task.tasks",))]
+                 and set(want) <= _tasks_of(r.config) and matches(r.config, v, skip=("task.tasks",))]
         if not found:
             cell.status, cell.run = "missing", None
             return cell
         cell.run, cell.expected, cell.status = subset_view(max(found, key=rank), want), None, "done"
         return cell
+
+
+def _tasks_of(config: dict) -> set[str]:
+    """The run's task.tasks as strings (empty when it has none)."""
+    tasks = lookup(config, "task.tasks")
+    return {str(t) for t in tasks} if isinstance(tasks, (list, tuple)) else set()
 
 
 def subset_view(run: Run, subtasks: list[str]) -> Run:

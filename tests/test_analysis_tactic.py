@@ -74,6 +74,9 @@ def test_a_cell_over_some_ruler_tasks_reads_a_finished_run_over_more(tmp_path):
     filled = Store(tmp_path / "ok").fill(subcell)
     assert filled.status == "done" and filled.run.source == "view" and filled.run.n_rows == 1
     assert [r["metrics"]["score"] for r in filled.run.rows()] == [1.0]
+    no_tasks = {k: x for k, x in c.values.items() if k != "task.tasks"}   # a run config without task.tasks
+    fake_metrics_run(tmp_path / "bare", no_tasks, [{"score": 1.0}], params=[{"subtask": "vt"}])
+    assert Store(tmp_path / "bare").fill(subcell).status == "missing"
     outside = next(iter(expand([[o for o in c.overrides if not o.startswith("task.tasks=")] + ["task.tasks=[qa_1]"]],
                                [], impl.label)))
     assert Store(tmp_path / "ok").fill(outside).status == "missing"
