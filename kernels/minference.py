@@ -26,6 +26,11 @@ Step contract) over keys 0 .. N - 1; query blocks are absolute (position // bloc
 block of a chunk that starts mid-block is partial. q [B, Hq, T, D], k/v [B, Hkv, N, D] (GQA: query
 head h reads KV head h // (Hq // Hkv)); output [B, T, Hq * D].
 
+Order: each query block's pieces that need no mask (`_free`: bs keys, causal for every row of the block,
+inside the head's window) come first and `block_free` counts them, so the kernel runs an unmasked loop
+then a masked one (the diagonal block, partial pieces, windowed a_shape pieces), as the FlashAttention
+Triton tutorial's two stages; the order does not change which keys are attended.
+
 The index is built with torch on the device: elementwise scans over [B, query blocks, sizes] per
 head, no host syncs (every shape comes from host sizes).
 """
@@ -48,6 +53,7 @@ class SparseIndex:
     block_start: torch.Tensor   # int32 [B, H, Q, CB] first key of each block
     block_end: torch.Tensor     # int32 [B, H, Q, CB] one past its last key (<= start + block)
     block_count: torch.Tensor   # int32 [B, H, Q]
+    block_free: torch.Tensor    # int32 [B, H, Q]: the first block_free pieces need no mask (see _free)
     column_index: torch.Tensor  # int32 [B, H, Q, CC] (CC >= 1)
     column_count: torch.Tensor  # int32 [B, H, Q]
     init: torch.Tensor          # int32 [H]: keys < init are visible whatever the window (a_shape sinks)
@@ -73,14 +79,33 @@ class _Rows:
         return (self.qb + 1) * self.bs
 
 
-def _compact(keep: torch.Tensor, values: list[torch.Tensor], cap: int):
+def _compact(keep: torch.Tensor, values: list[torch.Tensor], cap: int, first: torch.Tensor | None = None):
     """Kept entries of each value tensor moved to the front of the last dim (order kept), cut to cap;
-    and their counts. Dropped entries are scattered into one extra slot that is cut off."""
-    pos = torch.where(keep, keep.cumsum(-1) - 1, cap).clamp(max=cap)   # cap is a proven bound; clamp: no OOB
+    and their counts. Dropped entries are scattered into one extra slot that is cut off. With `first`,
+    the kept entries that are `first` go before the other kept ones, and their count is returned too."""
+    if first is None:
+        pos = torch.where(keep, keep.cumsum(-1) - 1, cap)
+    else:
+        a, b = keep & first, keep & ~first
+        n_a = a.sum(-1, keepdim=True)
+        pos = torch.where(a, a.cumsum(-1) - 1, torch.where(b, n_a + b.cumsum(-1) - 1, cap))
+    pos = pos.clamp(max=cap)                                            # cap is a proven bound; clamp: no OOB
     shape = keep.shape[:-1] + (cap + 1,)
     out = [torch.zeros(shape, dtype=torch.int32, device=keep.device).scatter_(-1, pos, v.to(torch.int32))[..., :cap]
            for v in values]
-    return out, keep.sum(-1).to(torch.int32)
+    count = keep.sum(-1).to(torch.int32)
+    return (out, count) if first is None else (out, count, n_a.squeeze(-1).to(torch.int32))
+
+
+def _free(start: torch.Tensor, end: torch.Tensor, r: _Rows, n_init: int = 0, n_local: int = WIDE) -> torch.Tensor:
+    """Pieces [start, end) (last dim; query blocks on the one before) that the kernel may attend unmasked:
+    bs keys, all at or before the block's first row (causal for every row of the step in it) and, for a
+    windowed head, either all sinks or all inside the window of the block's last row."""
+    lo, hi = r.lo[:, None], r.hi[:, None]
+    ok = (end - start == r.bs) & (end - 1 <= lo)
+    if n_local < WIDE:
+        ok &= (hi - 1 - start < n_local) | (end <= n_init)
+    return ok
 
 
 def vertical_slash_lists(cols: torch.Tensor, offs: torch.Tensor, r: _Rows):
@@ -106,14 +131,14 @@ def vertical_slash_lists(cols: torch.Tensor, offs: torch.Tensor, r: _Rows):
     piece_end = torch.minimum(torch.minimum(piece + bs, last), torch.full_like(last, r.N))
     # disjoint pieces below e_m: full ones plus one partial per group (a group holds >= bs keys)
     cap = min(s, 2 * r.blocks)
-    (bstart, bend), bcount = _compact(keep, [piece, piece_end], cap)
+    (bstart, bend), bcount, bfree = _compact(keep, [piece, piece_end], cap, _free(piece, piece_end, r))
     # columns: first range with e > column (e ascending, dead = -1 first); covered if it starts <= column
     cv = cols.long().sort(-1).values[:, None, :].expand(-1, e.shape[1], -1).contiguous()
     i = torch.searchsorted(e.contiguous(), cv, right=True)
     covered = (i < s) & (e.gather(-1, i.clamp(max=s - 1)) - bs <= cv)
     ckeep = ~covered & (cv < r.hi[None, :, None]) & (cv < r.N)
     (cidx,), ccount = _compact(ckeep, [cv], cols.shape[-1])
-    return bstart, bend, bcount, cidx, ccount
+    return bstart, bend, bcount, bfree, cidx, ccount
 
 
 def a_shape_lists(n_init: int, n_local: int, r: _Rows):
@@ -128,8 +153,8 @@ def a_shape_lists(n_init: int, n_local: int, r: _Rows):
     start = torch.cat([k1, k2], 1)
     end = torch.cat([torch.minimum(k1 + bs, sinks), torch.minimum(k2 + bs, hi)], 1)
     keep = start < torch.cat([sinks.expand(-1, c1), hi.expand(-1, c2)], 1)
-    (bstart, bend), bcount = _compact(keep, [start, end], c1 + c2)
-    return bstart, bend, bcount
+    (bstart, bend), bcount, bfree = _compact(keep, [start, end], c1 + c2, _free(start, end, r, n_init, n_local))
+    return bstart, bend, bcount, bfree
 
 
 def block_sparse_lists(sel: torch.Tensor, top_k: int, r: _Rows):
@@ -143,16 +168,18 @@ def block_sparse_lists(sel: torch.Tensor, top_k: int, r: _Rows):
     start = first * r.bs
     end = torch.clamp(start + r.bs, max=r.N)
     n = sel.sum(-1).to(torch.int32)
-    return start.to(torch.int32), end.to(torch.int32), n
+    free = _free(start, end, r) & (torch.arange(cap, device=sel.device) < n[..., None])
+    lead = free.to(torch.int32).cumprod(-1).sum(-1, dtype=torch.int32)   # ascending: only the diagonal is last
+    return start.to(torch.int32), end.to(torch.int32), n, lead
 
 
 def dense_lists(r: _Rows):
     """Every key block up to each query block's last row."""
     start = torch.arange(r.blocks, device=r.qb.device)[None, :] * r.bs
     hi = r.hi[:, None]
-    (bstart, bend), bcount = _compact(start < hi, [start.expand(len(r.qb), -1), torch.minimum(start + r.bs, hi)],
-                                      r.blocks)
-    return bstart, bend, bcount
+    start, end = start.expand(len(r.qb), -1), torch.minimum(start + r.bs, hi)
+    (bstart, bend), bcount, bfree = _compact(start < hi, [start, end], r.blocks, _free(start, end, r))
+    return bstart, bend, bcount, bfree
 
 
 def build_index(heads, index, q_start: int, T: int, N: int, B: int, bs: int, dev) -> SparseIndex:
@@ -184,14 +211,15 @@ def build_index(heads, index, q_start: int, T: int, N: int, B: int, bs: int, dev
     cb = max(b[0].shape[-1] for b, _ in lists)
     cc = max([1] + [c[0].shape[-1] for _, c in lists if c is not None])
     z = lambda *s: torch.zeros(*s, dtype=torch.int32, device=dev)
-    idx = SparseIndex(z(B, H, Q, cb), z(B, H, Q, cb), z(B, H, Q), z(B, H, Q, cc), z(B, H, Q),
+    idx = SparseIndex(z(B, H, Q, cb), z(B, H, Q, cb), z(B, H, Q), z(B, H, Q), z(B, H, Q, cc), z(B, H, Q),
                       torch.tensor(init, dtype=torch.int32, device=dev), torch.tensor(local, dtype=torch.int32,
                                                                                         device=dev),
                       q_start, T, bs, first)
-    for h, ((bstart, bend, bcount), cols) in enumerate(lists):   # per-head shapes broadcast over the batch
+    for h, ((bstart, bend, bcount, bfree), cols) in enumerate(lists):   # per-head shapes broadcast over the batch
         idx.block_start[:, h, :, :bstart.shape[-1]] = bstart
         idx.block_end[:, h, :, :bend.shape[-1]] = bend
         idx.block_count[:, h] = bcount
+        idx.block_free[:, h] = bfree
         if cols is not None:
             idx.column_index[:, h, :, :cols[0].shape[-1]] = cols[0]
             idx.column_count[:, h] = cols[1]
@@ -234,12 +262,13 @@ def mixed_sparse_attention_ref(q, k, v, idx: SparseIndex, scale: float, count: b
     return out, pairs.index_add_(2, rows, mask.sum(-1).to(torch.int32))
 
 
-def mixed_sparse_attention(q, k, v, idx: SparseIndex, scale: float, count: bool = False):
+def mixed_sparse_attention(q, k, v, idx: SparseIndex, scale: float, count: bool = False, config: dict | None = None):
     """Causal attention of q [B, Hq, T, D] over k, v [B, Hkv, N, D] restricted to the lists of `idx`:
     the Triton kernel on CUDA (kernels/minference_triton.py), the torch reference elsewhere
-    (HARNESS_KERNELS forces one). -> [B, T, Hq * D] (, pairs int32 [B, Hq, Q] with `count`)."""
+    (HARNESS_KERNELS forces one). -> [B, T, Hq * D] (, pairs int32 [B, Hq, Q] with `count`).
+    `config` overrides the kernel's launch settings (minference_triton.CONFIG); the reference ignores it."""
     if backend_for(q) == "torch":
         return mixed_sparse_attention_ref(q, k, v, idx, scale, count)
     from .minference_triton import mixed_sparse_attention_triton
 
-    return mixed_sparse_attention_triton(q, k, v, idx, scale, count)
+    return mixed_sparse_attention_triton(q, k, v, idx, scale, count, config)

@@ -3,12 +3,17 @@
 One program per (query block, batch x query head), as the reference's
 `_triton_mixed_sparse_attn_fwd_kernel`: load the block's queries once, then flash attention with an
 online softmax (base 2) over the head's key blocks (contiguous loads of at most BLOCK keys each), then
-over its single columns (gathered loads, BM at a time). Every tile is masked by the same rule: the key
-exists (inside its piece / a live column), is causal for the row, and lies in the head's window
-(row - key < LOCAL or key < INIT; LOCAL is huge for every head but A-shape). Rows of a partial query
-block (a chunk starting mid-block, a prompt that is not a multiple of the block) are masked, not
-computed. With COUNT the program also stores how many (row, key) pairs it attended: the method's
-density statistic comes from what the kernel did, not from a separate mask.
+over its single columns (gathered loads, BM at a time). Two stages as the FlashAttention Triton tutorial:
+the block's first `block_free` pieces (kernels/minference.py `_free`: BS keys, causal for every row of
+the block, inside the head's window) run unmasked (no mask on the loads, no visibility test; with
+`pair` two of them per 2*BS-key tile); every other tile is masked by the same rule: the key exists
+(inside its piece / a live column), is causal for the row, and lies in the head's window (row - key
+< LOCAL or key < INIT; LOCAL is huge for every head but A-shape). Rows of a partial query block (a
+chunk starting mid-block, a prompt that is not a multiple of the block) are masked in the masked
+stage; the unmasked stage computes them on zero queries and never stores them. With COUNT the
+program also stores how many (row, key) pairs it attended (BS x its valid rows per unmasked piece,
+the mask's sum per masked tile): the method's density statistic comes from what the kernel did, not
+from a separate mask.
 """
 from __future__ import annotations
 
@@ -18,8 +23,39 @@ from ._common import LOG2E, kernel_for, next_pow2, tl, triton
 
 # Tiles of 64 queries x 64 keys as the reference (BLOCK_M = BLOCK_N = 64). Its launch (4 warps, 2 stages)
 # spills registers at D = 128 under Triton 3.6 for sm_90 (ptxas -v: 255 registers, ~900 B spilled; this kernel
-# 300-500 B); 8 warps spill nothing. Chosen from the compiler's report, not from timings: tune on the GPU.
-CONFIG = {"num_warps": 8, "num_stages": 2}
+# 300-500 B); 8 warps spill nothing. Chosen from the compiler's report, not from timings: tune on the GPU
+# (`python -m bench.minference --tune`; every call takes config= to override these). pair: the unmasked stage
+# attends two pieces per tile (64 x 128 keys).
+CONFIG = {"num_warps": 8, "num_stages": 2, "pair": False}
+
+
+@triton.jit
+def _update(acc, m_i, l_i, s, v, PREC: tl.constexpr):
+    """Scores s [BM, keys] (base 2, -inf where hidden) and values v into the running softmax."""
+    m_new = tl.maximum(m_i, tl.max(s, 1))        # m_i starts finite: a row with nothing visible stays 0
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(s - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PREC)
+    return acc, m_new, l_i
+
+
+@triton.jit
+def _free_tile(acc, m_i, l_i, q, k_base, v_base, cols, s_kn, s_vn, dd, qk_scale, D: tl.constexpr,
+               BD: tl.constexpr, PREC: tl.constexpr, UPCAST: tl.constexpr, OFF64: tl.constexpr):
+    """Keys `cols` that exist and are visible to every row: no mask (but the head dim's padding)."""
+    off = cols.to(tl.int64) if OFF64 else cols
+    if BD == D:
+        k = tl.load(k_base + off[:, None] * s_kn + dd[None, :])
+        v = tl.load(v_base + off[:, None] * s_vn + dd[None, :])
+    else:
+        k = tl.load(k_base + off[:, None] * s_kn + dd[None, :], mask=dd[None, :] < D, other=0.0)
+        v = tl.load(v_base + off[:, None] * s_vn + dd[None, :], mask=dd[None, :] < D, other=0.0)
+    if UPCAST:
+        k = k.to(tl.float32)
+        v = v.to(tl.float32)
+    s = tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale
+    return _update(acc, m_i, l_i, s, v, PREC)
 
 
 @triton.jit
@@ -40,22 +76,19 @@ def _tile(acc, m_i, l_i, pairs, q, k_base, v_base, cols, kmask, rows, rvalid, in
     dist = rows[:, None] - cols[None, :]
     vis = rvalid[:, None] & kmask[None, :] & (dist >= 0) & ((dist < local) | (cols[None, :] < init))
     s = tl.where(vis, s, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s, 1))        # m_i starts finite: a row with nothing visible stays 0
-    alpha = tl.exp2(m_i - m_new)
-    p = tl.exp2(s - m_new[:, None])
-    l_i = l_i * alpha + tl.sum(p, 1)
-    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PREC)
+    acc, m_i, l_i = _update(acc, m_i, l_i, s, v, PREC)
     if COUNT:
         pairs += tl.sum(tl.sum(vis.to(tl.int32), 1), 0)
-    return acc, m_new, l_i, pairs
+    return acc, m_i, l_i, pairs
 
 
 @triton.jit
-def _mixed_sparse_fwd(Q, K, V, Out, BStart, BEnd, BCount, CIdx, CCount, Init, Local, Pairs,
+def _mixed_sparse_fwd(Q, K, V, Out, BStart, BEnd, BCount, BFree, CIdx, CCount, Init, Local, Pairs,
                       q_start, T, qk_scale, FIRST, NQ, CB, CC,
                       s_qb, s_qh, s_qt, s_kb, s_kh, s_kn, s_vb, s_vh, s_vn, s_ob, s_ot, s_oh, HQ, G,
                       BS: tl.constexpr, BM: tl.constexpr, D: tl.constexpr, BD: tl.constexpr,
-                      PREC: tl.constexpr, UPCAST: tl.constexpr, OFF64: tl.constexpr, COUNT: tl.constexpr):
+                      PREC: tl.constexpr, UPCAST: tl.constexpr, OFF64: tl.constexpr, COUNT: tl.constexpr,
+                      FAST: tl.constexpr, PAIR: tl.constexpr):
     i = tl.program_id(0)                      # query block FIRST + i (absolute positions // BS)
     bh = tl.program_id(1)
     b = (bh // HQ).to(tl.int64)
@@ -79,10 +112,29 @@ def _mixed_sparse_fwd(Q, K, V, Out, BStart, BEnd, BCount, CIdx, CCount, Init, Lo
     m_i = tl.full((BM,), -1e30, tl.float32)
     l_i = tl.zeros((BM,), tl.float32)
     acc = tl.zeros((BM, BD), tl.float32)
-    pairs = tl.zeros((), tl.int32)
     nb = tl.load(BCount + lin)
-    for j in range(nb):                       # key pieces: contiguous, at most BS keys each
-        start = tl.load(BStart + lin * CB + j)
+    lst = BStart + lin * CB
+    if FAST:                                  # BM == BS: a free piece fills a tile
+        nf = tl.load(BFree + lin)
+    else:
+        nf = nb * 0
+    if PAIR:                                  # stage 1, two free pieces per tile (an odd last one: stage 2)
+        nf = nf // 2 * 2
+        a2 = tl.arange(0, 2 * BM)
+        for j in range(0, nf, 2):
+            s0 = tl.load(lst + j)
+            s1 = tl.load(lst + j + 1)
+            cols = tl.where(a2 < BM, s0 + a2, s1 + a2 - BM)
+            acc, m_i, l_i = _free_tile(acc, m_i, l_i, q, k_base, v_base, cols, s_kn, s_vn, dd, qk_scale,
+                                       D, BD, PREC, UPCAST, OFF64)
+    else:                                     # stage 1: free pieces, unmasked
+        for j in range(nf):
+            cols = tl.load(lst + j) + ar
+            acc, m_i, l_i = _free_tile(acc, m_i, l_i, q, k_base, v_base, cols, s_kn, s_vn, dd, qk_scale,
+                                       D, BD, PREC, UPCAST, OFF64)
+    pairs = tl.sum(rvalid.to(tl.int32), 0) * nf * BS      # closed form of stage 1's pairs
+    for j in range(nf, nb):                   # stage 2: the other pieces (contiguous, at most BS keys), masked
+        start = tl.load(lst + j)
         end = tl.load(BEnd + lin * CB + j)
         cols = start + ar
         acc, m_i, l_i, pairs = _tile(acc, m_i, l_i, pairs, q, k_base, v_base, cols, cols < end, rows, rvalid,
@@ -100,8 +152,12 @@ def _mixed_sparse_fwd(Q, K, V, Out, BStart, BEnd, BCount, CIdx, CCount, Init, Lo
         tl.store(Pairs + lin, pairs)
 
 
-def mixed_sparse_attention_triton(q, k, v, idx, scale: float, count: bool = False):
-    """The kernel over a kernels.minference.SparseIndex; see mixed_sparse_attention."""
+def mixed_sparse_attention_triton(q, k, v, idx, scale: float, count: bool = False, config: dict | None = None):
+    """The kernel over a kernels.minference.SparseIndex; see mixed_sparse_attention. `config` overrides
+    entries of CONFIG (num_warps, num_stages: CUDA launch only; pair)."""
+    cfg = {**CONFIG, **(config or {})}
+    if set(cfg) != set(CONFIG):
+        raise ValueError(f"config keys must be among {sorted(CONFIG)}, got {sorted(config)}")
     B, Hq, T, D = q.shape
     Hkv = k.shape[1]
     assert T == idx.q_len and q.stride(-1) == 1 and k.stride(-1) == 1 and v.stride(-1) == 1
@@ -110,14 +166,17 @@ def mixed_sparse_attention_triton(q, k, v, idx, scale: float, count: bool = Fals
     pairs = torch.zeros(B, Hq, nq, device=q.device, dtype=torch.int32) if count else idx.block_count
     upcast = not q.is_cuda            # the interpreter: fp32 dots (numpy has no bf16 matmul)
     prec = "ieee" if (q.dtype == torch.float32 or upcast) else "tf32"
-    lists = [t.contiguous() for t in (idx.block_start, idx.block_end, idx.block_count, idx.column_index,
-                                      idx.column_count)]
+    lists = [t.contiguous() for t in (idx.block_start, idx.block_end, idx.block_count, idx.block_free,
+                                      idx.column_index, idx.column_count)]
+    bm = max(16, next_pow2(idx.block))
+    launch = {"num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"]} if q.is_cuda else {}
     kernel_for(_mixed_sparse_fwd, q)[(nq, B * Hq)](
         q, k, v, out, *lists, idx.init, idx.local, pairs,
         idx.q_start, T, scale * LOG2E, idx.first_block, nq, idx.block_start.shape[-1], idx.column_index.shape[-1],
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), out.stride(0), out.stride(1), out.stride(2), Hq, Hq // Hkv,
-        BS=idx.block, BM=max(16, next_pow2(idx.block)), D=D, BD=max(16, next_pow2(D)), PREC=prec, UPCAST=upcast,
-        OFF64=max(k.stride(2), v.stride(2)) * k.shape[2] >= 2**31, COUNT=count, **(CONFIG if q.is_cuda else {}))
+        BS=idx.block, BM=bm, D=D, BD=max(16, next_pow2(D)), PREC=prec, UPCAST=upcast,
+        OFF64=max(k.stride(2), v.stride(2)) * k.shape[2] >= 2**31, COUNT=count, FAST=bm == idx.block,
+        PAIR=bool(cfg["pair"]) and bm == idx.block, **launch)
     out = out.view(B, T, Hq * D)
     return (out, pairs) if count else out

@@ -65,6 +65,21 @@ def check_lists(heads, index, idx, start, N, c):
     assert torch.equal(KM.index_mask(idx, N), want)
     assert multiplicity(idx, N).max() <= 1                                  # a listed key counts once
     assert ((idx.block_end - idx.block_start) <= c.block).all()             # a piece is one tile of keys
+    check_free(idx)
+
+
+def check_free(idx: KM.SparseIndex):
+    """The first block_free pieces of each query block are what the kernel attends unmasked: bs keys, causal
+    for every row of the step in the block, inside the head's window for all of them (or all sinks)."""
+    bs, Q, cb = idx.block, idx.block_count.shape[-1], idx.block_start.shape[-1]
+    qb = idx.first_block + torch.arange(Q, device=idx.block_count.device)
+    lo = (qb * bs).clamp(min=idx.q_start)[None, None, :, None]
+    hi = ((qb + 1) * bs).clamp(max=idx.q_start + idx.q_len)[None, None, :, None]
+    start, end = idx.block_start.long(), idx.block_end.long()
+    init, local = idx.init.long()[None, :, None, None], idx.local.long()[None, :, None, None]
+    ok = (end - start == bs) & (end - 1 <= lo) & ((hi - 1 - start < local) | (end <= init))
+    free = torch.arange(cb, device=lo.device) < idx.block_free[..., None]
+    assert (idx.block_free <= idx.block_count).all() and ok[free].all()
 
 
 # --- the index builder ---------------------------------------------------------------------------------------
@@ -190,6 +205,42 @@ def test_method_takes_the_kernel_and_says_so(monkeypatch):
     assert token["prefill_path"] == {M.DENSE_PATH: 1, "torch masked SDPA (slash_cover token: no kernel)": 2}
 
 
+def two_stage_case(B=2, N=171, start=21, bs=16, D=32, device=DEV):
+    """Query blocks with several unmasked interior pieces AND partial / diagonal / windowed pieces: nearest
+    diagonals plus far ones and columns, an a_shape head (full sink blocks unmasked, its window masked),
+    dense, block_sparse; a chunk starting mid-block, a partial last block."""
+    heads = [P.Pattern("vertical_slash", 3, 53), P.Pattern("a_shape", 32, 40), DENSE, P.Pattern("block_sparse", 5)]
+    q, k, v = qkv(B, 4, 2, N, start, D, seed=11, device=device)
+    offs = torch.cat([torch.arange(50), torch.tensor([90, 91, 130])])[None].expand(B, -1).to(device)
+    cols = torch.tensor([[0, 1, 100]] * B, device=device)
+    pos = torch.arange(start, N, device=device)
+    index = [(cols, offs), None, None, P.block_sparse_index(q[:, 3], k[:, 1], pos, 5, consts(bs))]
+    return q, k, v, heads, index, KM.build_index(heads, index, start, N - start, N, B, bs, q.device)
+
+
+def test_unmasked_pieces_come_first():
+    _, _, _, heads, index, idx = two_stage_case(device="cpu")
+    check_lists(heads, index, idx, 21, 171, consts(16))
+    masked = idx.block_count - idx.block_free
+    assert (idx.block_free >= 3).any() and (masked >= 2).any()
+    assert (idx.block_free[:, 1] >= 2).any() and (masked[:, 1] >= 1).all()       # a_shape: sinks free, window not
+
+
+@needs_kernels
+@pytest.mark.parametrize("config", [None, {"pair": True}, {"num_warps": 4, "num_stages": 1, "pair": False}])
+def test_two_stage_kernel_counts_the_mask(config, monkeypatch):
+    """The unmasked stage (one or two pieces per tile) and the masked one give the reference's output, and
+    COUNT (closed form on the unmasked stage) the mask's pairs per query block; config= overrides the launch."""
+    monkeypatch.setenv("HARNESS_KERNELS", "triton")
+    q, k, v, _, _, idx = two_stage_case()
+    got, pairs = KM.mixed_sparse_attention(q, k, v, idx, SCALE, count=True, config=config)
+    want, want_pairs = KM.mixed_sparse_attention_ref(q, k, v, idx, SCALE, count=True)
+    assert (got - want).abs().max().item() < 2e-5
+    assert torch.equal(pairs.cpu(), want_pairs.cpu())
+    with pytest.raises(ValueError, match="config keys"):
+        KM.mixed_sparse_attention(q, k, v, idx, SCALE, config={"warps": 4})
+
+
 # --- GPU: the Llama-3-8B shape --------------------------------------------------------------------------------
 
 def masked_reference(q, k, v, heads, index, c, chunk=1024):
@@ -211,7 +262,8 @@ def masked_reference(q, k, v, heads, index, c, chunk=1024):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("pattern", ["vertical_slash", "mixed"])
-def test_kernel_llama3_shape_bf16(pattern):
+@pytest.mark.parametrize("config", [None, {"pair": True}], ids=["default", "pair"])
+def test_kernel_llama3_shape_bf16(pattern, config):
     N, HQ, HKV, D = 8192, 32, 8, 128
     c = P.Consts()
     q, k, v = qkv(1, HQ, HKV, N, 0, D, seed=3, dtype=torch.bfloat16)
@@ -219,7 +271,8 @@ def test_kernel_llama3_shape_bf16(pattern):
            P.Pattern("a_shape", 128, 1024), P.Pattern("block_sparse", 16)]
     heads = [P.Pattern(*P.REFERENCE_DEFAULT)] * HQ if pattern == "vertical_slash" else [mix[h % 4] for h in range(HQ)]
     index, idx = lists(heads, q, k, 0, c)
-    got, pairs = KM.mixed_sparse_attention(q, k, v, idx, SCALE, count=True)
+    assert (idx.block_free > 0).any()                                  # the unmasked stage runs
+    got, pairs = KM.mixed_sparse_attention(q, k, v, idx, SCALE, count=True, config=config)
     want, kept = masked_reference(q, k, v, heads, index, c)
     assert torch.isfinite(got).all()
     err = ((got.float() - want.float()).norm() / want.float().norm()).item()
