@@ -19,7 +19,9 @@ SCALE = D ** -0.5
 @pytest.fixture(autouse=True)
 def poisoned(monkeypatch):
     monkeypatch.delenv("HARNESS_KERNELS", raising=False)
-    nan = lambda *s, device, dtype: torch.full(s, float("nan"), device=device, dtype=dtype)  # noqa: E731
+    # unwritten outputs show: NaN in float buffers, the most negative value in integer ones (page ids)
+    nan = lambda *s, device, dtype: torch.full(  # noqa: E731
+        s, float("nan") if dtype.is_floating_point else torch.iinfo(dtype).min, device=device, dtype=dtype)
     monkeypatch.setattr(A, "_empty", nan)
     monkeypatch.setattr(Qm, "_empty", nan)
     yield
