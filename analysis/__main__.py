@@ -23,7 +23,8 @@
 Options: --profile paper|embedded (default embedded), --launcher local|submitit_local|slurm,
 --results DIR (default results/runs), --rows DIR (default results/rows), --bench DIR (default
 results/bench), --out DIR (default results), --dry-run (print the commands; write nothing),
---replace (let a render replace a table that holds more results), --force (bench: every file).
+--replace (let a render replace a table that holds more results), --force (bench: every file),
+--jobs N (run, local launcher: N processes at once, each over its round-robin share of the cells).
 Hydra overrides after `--` are added to every run of the sweep and to the matching, e.g.
 `python -m analysis make tidal.table1 --profile paper -- task.haystack_dir=/data/pg19_mini.jsonl`.
 Exit code 2 with one line for an unknown or not yet implemented item, nothing to render from, or a
@@ -106,7 +107,7 @@ def _summary(cells) -> None:
 
 
 def cmd_run(args) -> int:
-    from analysis.launch import commands, launch, plan
+    from analysis.launch import commands, launch, pack, plan, shards
 
     item = catalogue.get(args.key)
     if item.require().bench:
@@ -131,9 +132,13 @@ def cmd_run(args) -> int:
             break
         done |= {tuple(c.overrides) for c in todo}
         t0 = time.time()
-        multiruns = plan(sweeps, args.overrides, cells)
+        if args.jobs > 1 and args.launcher == "local":      # shards' multiruns interleaved: N at a time
+            per = [pack(s) for s in shards(todo, args.jobs)]
+            multiruns = [m for i in range(max(map(len, per))) for m in (p[i] for p in per if i < len(p))]
+        else:
+            multiruns = plan(sweeps, args.overrides, cells)
         failed += launch(commands(item.key, args.profile, multiruns, args.launcher, args.results),
-                         dry_run=args.dry_run, parallel=args.launcher == "slurm")
+                         dry_run=args.dry_run, parallel=args.launcher == "slurm", jobs=args.jobs)
         if not args.dry_run:
             print(f"{item.key}: launched in {time.time() - t0:.0f} s; {failed} multirun(s) failed")
     if item.require().derive and args.launcher == "slurm":
@@ -257,6 +262,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dry-run", action="store_true")
     p.add_argument("--replace", action="store_true")
     p.add_argument("--force", action="store_true")
+    p.add_argument("--jobs", type=int, default=1, help="run: local multiruns at a time, over round-robin shards")
     args = p.parse_args(argv)
     args.overrides = overrides
     if args.command not in ("list", "tables", "makefile") and not args.key:

@@ -9,7 +9,9 @@
 # 10-minute limit; every run resumes where it stopped on the next call, as long as the machine is
 # still warm: results/runs is git-ignored and kept between calls), BATCH (runner.batch_size,
 # default 1: the samples of one cell have equal lengths, so e.g. BATCH=16 batches them; check the
-# first cells against BATCH=1 before relying on it), OUT (where the archive goes; default results/runs).
+# first cells against BATCH=1 before relying on it), JOBS (processes at once, default 1: the embedded
+# model leaves an H100 mostly idle, each step bound by its Python host work, so JOBS=4 runs four shards
+# of the cells side by side), OUT (where the archive goes; default results/runs).
 # Needs the project's Python dependencies and the embedded model there, and the data the cells name
 # under ../shared/data: `source bench/device_setup.sh` first (carried wheels, GGUF parts, .data).
 #
@@ -26,7 +28,7 @@ export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
 mkdir -p results/rows "${OUT:-results/runs}"
 archive="$(cd "${OUT:-results/runs}" && pwd)/rows-${key}-${profile}.tgz"
 
-timeout --signal=TERM "${SWEEP_SECONDS:-480}" python3 -m analysis run "$key" --profile "$profile" -- \
+timeout --signal=TERM "${SWEEP_SECONDS:-480}" python3 -m analysis run "$key" --profile "$profile" --jobs "${JOBS:-1}" -- \
   "runner.batch_size=${BATCH:-1}" runner.wandb.mode=disabled runner.progress=false "$@"
 rc=$?
 echo "sweep exit code $rc (124 = stopped at SWEEP_SECONDS: call again to go on)"

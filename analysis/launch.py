@@ -1,12 +1,14 @@
 """Launch the missing runs of an item as Hydra multiruns of run.py.
 
 Cells still to do are packed back into as few multiruns as possible (cells that differ in one key
-become one comma sweep), each run through the chosen launcher (`local`: sequential in-process;
+become one comma sweep), each run through the chosen launcher (`local`: sequential in-process, or
+`--jobs N` processes at a time over N round-robin shards of the cells;
 `submitit_local`; `slurm`: hydra-submitit-launcher's Slurm launcher, conf/hydra/launcher/). Runs
 are resumable, so a partial cell is simply launched again and keeps its rows.
 """
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -71,25 +73,44 @@ def commands(key: str, profile: str, multiruns: list[list[str]], launcher: str, 
     return cmds
 
 
-def launch(cmds: list[list[str]], dry_run: bool = False, parallel: bool = False) -> int:
-    """Run the multiruns, in turn on this machine or all at once when `parallel` (Slurm: each
-    parent only waits on its array); returns the number that failed. A failure is reported and
-    the others still run: one bad cell must not cost a night of Slurm jobs."""
-    procs = []
+def shards(cells: list[Cell], n: int) -> list[list[Cell]]:
+    """The cells dealt round-robin into at most n non-empty groups (neighbouring cells, e.g. one
+    method at growing lengths, land in different groups, which keeps the groups' costs alike)."""
+    return [g for g in (cells[i::n] for i in range(max(1, n))) if g]
+
+
+def launch(cmds: list[list[str]], dry_run: bool = False, parallel: bool = False, jobs: int = 1) -> int:
+    """Run the multiruns, in turn on this machine, `jobs` at a time, or all at once when `parallel`
+    (Slurm: each parent only waits on its array); returns the number that failed. A failure is
+    reported and the others still run: one bad cell must not cost a night of Slurm jobs.
+    jobs > 1 is for a machine the runs leave idle (e.g. a small model on a GPU is bound by the host:
+    one Python process per step); each process then gets cpu_count / jobs threads."""
+    width = len(cmds) if parallel else max(1, jobs)
+    env = None
+    if width > 1 and not parallel and "OMP_NUM_THREADS" not in os.environ:
+        env = {**os.environ, "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // width))}
+    running: list[subprocess.Popen] = []
+    failed = 0
+
+    def reap(p: subprocess.Popen) -> int:
+        if p.wait() != 0:
+            print(f"  -> exit code {p.returncode}: {' '.join(p.args[3:])}", file=sys.stderr, flush=True)
+            return 1
+        return 0
+
     for cmd in cmds:
         print(f"$ python {' '.join(_quote(a) for a in cmd[1:])}", flush=True)
         if dry_run:
             continue
-        p = subprocess.Popen(cmd, cwd=ROOT)
-        if not parallel:
-            p.wait()
-        procs.append(p)
-    failed = 0
-    for p in procs:
-        if p.wait() != 0:
-            failed += 1
-            print(f"  -> exit code {p.returncode}: {' '.join(p.args[3:])}", file=sys.stderr, flush=True)
-    return failed
+        while len(running) >= width:                 # wait for a slot
+            done = next((p for p in running if p.poll() is not None), None)
+            if done is None:
+                time.sleep(0.5)
+                continue
+            running.remove(done)
+            failed += reap(done)
+        running.append(subprocess.Popen(cmd, cwd=ROOT, env=env))
+    return failed + sum(reap(p) for p in running)
 
 
 def _quote(arg: str) -> str:

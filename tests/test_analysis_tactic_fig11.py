@@ -52,7 +52,7 @@ def test_run_launches_the_second_stage_once_the_first_has_rows(tmp_path, monkeyp
     impl = catalogue.get("tactic.fig11").impl
     calls = []
 
-    def fake_launch(cmds, dry_run=False, parallel=False):
+    def fake_launch(cmds, dry_run=False, parallel=False, jobs=1):
         calls.append(cmds)
         if len(calls) == 1:                       # the first stage "runs": every Tactic cell gets rows
             for c in expand(impl.sweeps["embedded"], [], impl.label):

@@ -20,7 +20,7 @@ SCALE = D ** -0.5
 def poisoned(monkeypatch):
     monkeypatch.delenv("HARNESS_KERNELS", raising=False)
     # unwritten outputs show: NaN in float buffers, the most negative value in integer ones (page ids)
-    nan = lambda *s, device, dtype: torch.full(  # noqa: E731
+    nan = lambda *s, device, dtype: torch.full(
         s, float("nan") if dtype.is_floating_point else torch.iinfo(dtype).min, device=device, dtype=dtype)
     monkeypatch.setattr(A, "_empty", nan)
     monkeypatch.setattr(Qm, "_empty", nan)

@@ -1,0 +1,35 @@
+"""`analysis run --jobs N`: the cells to do dealt into N shards, and the launcher keeping N processes
+busy (never more), each with its share of the host's threads."""
+from __future__ import annotations
+
+import sys
+
+from analysis.launch import launch, shards
+from analysis.runs import Cell
+
+
+def _cells(n):
+    return [Cell(overrides=[f"x={i}"], values={"x": i}, block="", row="", col=i) for i in range(n)]
+
+
+def test_shards_deal_every_cell_once_round_robin():
+    cells = _cells(7)
+    got = shards(cells, 3)
+    assert [[c.values["x"] for c in g] for g in got] == [[0, 3, 6], [1, 4], [2, 5]]
+    assert shards(cells[:2], 4) == [[cells[0]], [cells[1]]]          # no empty shard
+    assert shards(cells, 1) == [cells]
+
+
+def test_launch_runs_at_most_jobs_at_once_and_counts_failures(tmp_path, monkeypatch):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    log = tmp_path / "events"
+    body = ("import os, sys, time; f = open(sys.argv[1], 'a'); f.write('start ' + os.environ['OMP_NUM_THREADS'] + '\\n');"
+            " f.flush(); time.sleep(0.6); f.write('end\\n'); f.close(); sys.exit(int(sys.argv[2]))")
+    cmds = [[sys.executable, "-c", body, str(log), str(int(i == 3))] for i in range(5)]
+    assert launch(cmds, jobs=2) == 1                                  # the one that exits 1
+    running, most = 0, 0
+    for line in log.read_text().splitlines():
+        running += 1 if line.startswith("start") else -1
+        most = max(most, running)
+    assert most == 2 and running == 0
+    assert all(line.split()[1] != "0" for line in log.read_text().splitlines() if line.startswith("start"))
