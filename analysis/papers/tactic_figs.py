@@ -190,7 +190,8 @@ FIG34_NOTES = """
 Notes. The optimal selection: each query head attends the fewest tokens whose exact attention weight
 reaches the weight percentage (Tactic's oracle_global mode, no forced sinks or window). KL over 64
 teacher-forced PG-19 steps (as Fig. 9); RULER at one length (the paper's is not stated), one run per
-weight percentage over the five tasks, each task's row read from its rows. The paper names NIAH, VT and FWE among its five tasks; the other two are our choice.
+weight percentage over the five tasks, each task's row read from its rows. The paper names NIAH, VT
+and FWE among its five tasks; the other two are our choice.
 """
 FIG3_4 = Impl(
     title="KL divergence and RULER scores vs weight percentage, optimal selection (Tactic Figs. 3-4)",
