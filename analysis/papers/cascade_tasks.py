@@ -1,6 +1,7 @@
 """Cascading KV Cache items on datasets that are not on these machines: Table 2 (Booksum) and Table 9 /
 Fig. 9 (LongBench). They run wherever the data is (`-- task.data_dir=DIR` after the item key is added
-to every run and to the matching) and render "no rows" here.
+to every run and to the matching) and, without rows, render their no-data table here (Impl.data,
+analysis/nodata.py).
 
 Booksum (tasks/booksum.py variant=cascade: the reference's Long-Data-Collections book-level set, 5%
 test split, its prompt, greedy 512 tokens, predictions cut to 256 tokens, rouge-score F x100; the
