@@ -11,11 +11,14 @@
                             committed; never replaced by fewer rows)
   render KEY                export, then write results/tables/KEY.md + .csv and results/figures/KEY.png
                             from the committed rows only (latency items: from the benchmark JSON);
-                            refuses to replace a table with one holding fewer results (--replace)
+                            refuses to replace a table with one holding fewer results (--replace);
+                            a data-bound item without rows (and no task.data_dir given) writes its
+                            no-data table: the paper's numbers, ours empty, the data it needs
   make KEY                  run, then render (what `make <paper>-<item>` calls)
   table N [--paper P]       make the catalogue's table N of paper P (default lychee)
-  tables                    render every implemented item that has rows or benchmark JSON, and say
-                            which were skipped and why
+  tables                    render every implemented item that has rows or benchmark JSON, and the
+                            no-data table of each data-bound item without rows (its own profile when
+                            it has not --profile's); say which were skipped and why
   bench KEY|FILE            run the one command that writes each benchmark file of a latency item
                             (those missing or flawed; all with --force) into --bench: on a GPU machine
   makefile                  print analysis/targets.mk
@@ -39,7 +42,7 @@ from collections import Counter
 from pathlib import Path
 
 import analysis.papers  # noqa: F401  (every paper module registers its items)
-from analysis import catalogue
+from analysis import catalogue, nodata
 from analysis.catalogue import MissingResults, NotImplementedItem
 from analysis.output import FewerResults, render_into
 
@@ -175,13 +178,17 @@ def cmd_render(args) -> int:
     else:
         cmd_export(args, quiet=True)
         cells = _cells(item, args, results=None)          # the table comes from the committed rows only
+        draw = impl.render
         if not any(c.run for c in cells):
-            raise MissingResults(
-                f"{item.key} [{args.profile}]: no rows for any cell (none under {args.rows}/ nor {args.results}/); "
-                f"nothing written. Produce them: `make {item.target()} PROFILE={args.profile}` (embedded on a "
-                f"GPU: `bash analysis/device_sweep.sh {item.key}`)")
+            if not nodata.applies(impl, args.overrides):
+                raise MissingResults(
+                    f"{item.key} [{args.profile}]: no rows for any cell (none under {args.rows}/ nor {args.results}/); "
+                    f"nothing written. Produce them: `make {item.target()} PROFILE={args.profile}` (embedded on a "
+                    f"GPU: `bash analysis/device_sweep.sh {item.key}`)")
+            draw = nodata.render                           # data-bound: the paper's numbers, ours empty
+            print(f"{item.key} [{args.profile}]: {nodata.line(item, args.profile)}")
         df = frame(cells, impl, args.profile)
-        done = render_into(Path(args.out), item.key, lambda out: impl.render(item, impl, df, args.profile, out),
+        done = render_into(Path(args.out), item.key, lambda out: draw(item, impl, df, args.profile, out),
                            args.replace)
         _summary(cells)
     for p, state in done:
@@ -209,11 +216,15 @@ def cmd_tables(args) -> int:
     for key in catalogue.implemented_keys():
         args.key = key
         impl = catalogue.get(key).impl
+        one = args
         if not impl.bench and args.profile not in impl.sweeps:   # e.g. paper-only items (no data offline)
-            skipped.append(f"  {key}: no {args.profile!r} profile (profiles: {', '.join(impl.sweeps)})")
-            continue
+            if not impl.data:
+                skipped.append(f"  {key}: no {args.profile!r} profile (profiles: {', '.join(impl.sweeps)})")
+                continue
+            # data-bound and paper-only (LongBench on the paper's model): its table from the profile it has
+            one = argparse.Namespace(**{**vars(args), "profile": next(iter(impl.sweeps))})
         try:
-            cmd_render(args)
+            cmd_render(one)
         except MissingResults as e:
             skipped.append(f"  {e.args[0]}")
         except FewerResults as e:

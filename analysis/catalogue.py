@@ -13,6 +13,9 @@ An implemented item names either
   paper             the paper's reported numbers (analysis/paper_numbers/<paper>.yaml);
 or `bench`: the GPU benchmark JSON files (results/bench/) it renders from, each with the one command
 that writes it and the code it measures (a file older than that code is flagged stale).
+An item may also be data-bound (`data`): its runs read a data set the harness cannot generate and these
+machines lack (no hub access). It runs wherever `task.data_dir` points, and with no rows it renders a
+"no data" table (the paper's numbers, ours empty) instead of failing (analysis/nodata.py).
 """
 from __future__ import annotations
 
@@ -56,6 +59,18 @@ class Bench:
     render: Callable[..., list[Path]]   # render(item, impl, sources: [provenance.Source], out) -> paths
 
 
+@dataclass(frozen=True)
+class Dataset:
+    """A data set an item's runs read and cannot generate: what it is, where the hub keeps it and how a
+    run is pointed at a local copy (the override and the layout the task reads there)."""
+    name: str                        # "LongBench"
+    parts: tuple[str, ...]           # the subsets / files the item needs
+    source: str                      # where it comes from by default (the hub repo and file)
+    override: str                    # the Hydra override that points a run at a copy: task.data_dir=<dir>
+    layout: str                      # what the task reads there
+    profile: str | None = None       # the one profile whose runs read it (None: every profile)
+
+
 @dataclass
 class Impl:
     title: str
@@ -75,6 +90,10 @@ class Impl:
     # runs whose settings depend on other runs' results (Tactic Fig. 11: Quest and StreamingLLM at the
     # mean budget Tactic selected). They appear once the first stage has rows.
     derive: Callable[[str, list], list[list[str]]] | None = None
+    # data-bound: the data sets its runs need that are not generated (empty: none, or all generated);
+    # with no rows for any cell the item renders its no-data table instead of raising MissingResults
+    data: tuple[Dataset, ...] = ()
+    data_note: str = ""              # what else the no-data line must say (e.g. columns that need no data)
 
 
 @dataclass

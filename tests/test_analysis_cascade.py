@@ -94,6 +94,7 @@ def test_booksum_expands_rouge_columns_and_longbench_means(tmp_path):
     md = _render("cascade.table2", results, out, rows)
     assert "| Cascade (Ours) | 30.00" in md and "| 6.00" in md and "| 18.00" in md
     assert "(34.47)" in md and "| Snap KV | — (36.80)" in md   # implemented, no rows yet: empty beside the paper
+    assert "no data here" not in md                            # rows: the normal table, no no-data line
     for c in cells("cascade.table9"):
         if c.values["method"] == "cascade":
             write_run(results, c.values, [{"score": 0.25}] * 2, params={"subset": c.values["task.subsets"]})

@@ -72,15 +72,22 @@ def test_a_render_with_fewer_results_is_refused_unless_replace(tmp_path, runs, c
 
 
 def test_tables_says_which_items_it_skipped_and_why(tmp_path, capsys):
+    """Nothing to render from: every item is skipped with its reason, except the data-bound ones, which
+    write their no-data tables (a paper-only one, e.g. lychee.table1, from its paper profile)."""
     empty = tmp_path / "empty"
     assert main(["tables", "--results", str(empty), "--rows", str(empty), "--bench", str(empty),
                  "--out", str(tmp_path / "out")]) == 0
     out = capsys.readouterr().out
-    assert f"skipped {len(catalogue.implemented_keys())} item(s)" in out
-    for key in catalogue.implemented_keys():
-        assert f"  {key}" in out
+    keys = catalogue.implemented_keys()
+    bound = {k for k in keys if catalogue.get(k).impl.data}
+    assert bound and f"skipped {len(keys) - len(bound)} item(s)" in out
+    skipped = out.split("skipped ", 1)[1]
+    for key in keys:
+        assert (f"  {key}" in skipped) == (key not in bound), key
     assert "no rows for any cell" in out and "none of its benchmark files" in out
-    assert not (tmp_path / "out").exists()
+    written = {p.name for p in (tmp_path / "out" / "tables").iterdir()}
+    assert written == {f"{k}.{e}" for k in bound for e in ("md", "csv")}
+    assert "Profile `paper`" in (tmp_path / "out" / "tables" / "lychee.table1.md").read_text()
 
 
 def _history_complete() -> str | None:

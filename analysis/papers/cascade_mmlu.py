@@ -17,6 +17,7 @@ import pandas as pd
 
 from analysis import render
 from analysis.catalogue import Impl, register
+from analysis.nodata import MMLU
 from analysis.papers.cascade_render import (
     RUN_EXTRA,
     bars_figure,
@@ -100,4 +101,4 @@ register("cascade.table4", Impl(
                        "(1,140); cache 2^floor(log2(L/2)) up to 2048, stride 512, 64 sinks."},
     paper_setup="Llama 3.1-8B, Qwen 2-7B; shots, prompt and cache not stated (the code: 20 shots, cache "
                 "2^floor(log2(mean prompt/2)) <= 16384 per subject).",
-    metric="acc", aggregate=category_stats))
+    metric="acc", aggregate=category_stats, data=(MMLU,)))

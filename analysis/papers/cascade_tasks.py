@@ -1,6 +1,7 @@
 """Cascading KV Cache items on datasets that are not on these machines: Table 2 (Booksum) and Table 9 /
 Fig. 9 (LongBench). They run wherever the data is (`-- task.data_dir=DIR` after the item key is added
-to every run and to the matching) and render "no rows" here.
+to every run and to the matching) and, without rows, render their no-data table here (Impl.data,
+analysis/nodata.py).
 
 Booksum (tasks/booksum.py variant=cascade: the reference's Long-Data-Collections book-level set, 5%
 test split, its prompt, greedy 512 tokens, predictions cut to 256 tokens, rouge-score F x100; the
@@ -19,6 +20,7 @@ import pandas as pd
 
 from analysis import render
 from analysis.catalogue import Impl, register
+from analysis.nodata import BOOKSUM, infinitebench, longbench
 from analysis.papers.cascade_render import (RUN_EXTRA, bars_figure, facts_note, header, model_args, multi_stats,
                                             paper_rows, tables)
 
@@ -91,7 +93,7 @@ TABLE2 = Impl(
            "embedded": "SmolLM2-135M-Instruct; cache 2^floor(log2(L/2)) up to 2048 (its 8K positions), stride 512."},
     paper_setup="Llama 3.1-8B and Qwen 2-7B (Table 5: instruct), Booksum (Long-Data-Collections), cache not stated "
                 "(the code: 2^floor(log2(L/2))), Perl ROUGE-1.5.5.",
-    metric="rouge1", scale=1.0, aggregate=multi_stats(list(ROUGE)),
+    metric="rouge1", scale=1.0, aggregate=multi_stats(list(ROUGE)), data=(BOOKSUM,),
 )
 
 
@@ -144,7 +146,7 @@ def _lb_impl(title: str, paper_key: str) -> Impl:
                "embedded": "SmolLM2-135M-Instruct (prompts middle-truncated to its 7500 tokens as LongBench does); "
                            "cache 2^floor(log2(L/4)) up to 2048, stride 512."},
         paper_setup="LLaMA3.1-8B/70B Instruct, Qwen2-7B/72B; cache 2^floor(log2(L/4)); stride 512.",
-        metric="score")
+        metric="score", data=(longbench(SUBSETS),))
 
 
 register("cascade.table9", _lb_impl("LongBench, cache 2^floor(log2(L/4)) (Cascading Table 9)", "cascade.table9"))
@@ -189,4 +191,4 @@ register("cascade.table10", Impl(
                     "128K; cascade 64 sinks + 32768, 1 (StreamingLLM) and 4 cascades, stride 512.",
            "embedded": "SmolLM2-135M-Instruct; the same tasks cut to its 7500 tokens; cache 2048, stride 512."},
     paper_setup="LLaMA3.1-8B Instruct, total cache 32768; MInference truncates the middle of the prompt.",
-    metric="score"))
+    metric="score", data=(infinitebench(IB),)))

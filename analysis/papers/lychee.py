@@ -24,6 +24,7 @@ import math
 
 from analysis import render
 from analysis.catalogue import Impl, register
+from analysis.nodata import longbench
 from analysis.papers_data import rows as paper_rows, setup_text
 
 T2_SETS = {"gaokao2023en": "Gaokao2023En", "minerva_math": "Minerva", "aime": "AIME24", "olympiadbench": "OlympiadBench"}
@@ -266,7 +267,7 @@ TABLE1 = Impl(
     paper=paper_rows("lychee.table1"),
     setup={"paper": "the paper's models and budgets, LongBench's 8 tasks with the reference pred.py protocol."},
     paper_setup=setup_text("lychee.table1"),
-    metric="score",
+    metric="score", data=(longbench(T1_SUBSETS),),
 )
 
 register("lychee.table1", TABLE1)
@@ -292,7 +293,9 @@ task scores; LongBench's subsets hold 150-200 samples, so the two differ slightl
     paper=paper_rows("lychee.table3"),
     setup={"paper": "Llama-3-8B-Instruct-Gradient-1048k, LycheeDecode K=4096 with heads from each recipe."},
     paper_setup=setup_text("lychee.table3"),
-    metric="score",
+    metric="score", data=(longbench(T1_SUBSETS),),
+    data_note="Each row also needs its recipe's heads (methods/heads/llama3-<recipe>.json, trained by "
+              "`python -m runners.train_heads`), not here either.",
 )
 register("lychee.table3", TABLE3)
 
@@ -335,7 +338,7 @@ TABLE56 = Impl(
     paper=[r for r in paper_rows("lychee.table5-6") if r["block"].startswith("Table 5")],
     setup={"paper": "Llama-3-8B-Instruct-Gradient-1048k, LycheeDecode with each rule, the 8 LongBench tasks."},
     paper_setup=setup_text("lychee.table5-6"),
-    metric="score",
+    metric="score", data=(longbench(T1_SUBSETS),),
 )
 register("lychee.table5-6", TABLE56)
 register("lychee.fig5", TABLE56)   # the same runs: Fig. 5 plots Table 5's scores (the figure written beside it)

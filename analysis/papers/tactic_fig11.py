@@ -17,6 +17,7 @@ import pandas as pd
 
 from analysis import render
 from analysis.catalogue import Impl, register
+from analysis.nodata import longbench
 from analysis.papers.tactic import NAMES, PROFILES, TARGETS, csv_list
 
 SUBSETS = ["narrativeqa", "hotpotqa", "qasper", "triviaqa", "multifieldqa_en", "passage_retrieval_en"]
@@ -110,4 +111,4 @@ register("tactic.fig11", Impl(
                        "hub or task.data_dir), Quest page 8."},
     paper_setup="Llama-3.1-8B-Instruct, 6 LongBench tasks, Tactic 50/70/90 %, Quest and StreamingLLM at the "
                 "average number of tokens Tactic selected (bars only).",
-    metric="score"))
+    metric="score", data=(longbench(SUBSETS),)))
