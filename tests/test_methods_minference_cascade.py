@@ -172,8 +172,8 @@ def test_kernel_path_equals_torch_path(monkeypatch):
     import kernels
     from kernels import _common
 
-    if not (kernels.HAVE_TRITON and (torch.cuda.is_available() or _common.interpreter_active())):
-        pytest.skip("triton missing or imported before TRITON_INTERPRET=1")
+    if not (kernels.HAVE_TRITON and _common.interpreter_active()):     # the Driver's tensors live on the CPU
+        pytest.skip("needs Triton's interpreter (TRITON_INTERPRET=1 before triton's import; not on CUDA machines)")
     model = tiny("llama")
     rope = rope_for(model)
     cfg = {"name": "minference_cascade", "sink": 2, "cascades": 2, "cache_size": 8, "stride": 13, **SMALL,
