@@ -362,6 +362,10 @@ results/bench/cascade_e2e_full_h100.json: | install
 results/bench/minference_layer_h100.json: | install
 	$(ANALYSIS) bench minference_layer_h100.json --force
 
+# python -m bench.minference_cascade --model llama31_8b --out $@
+results/bench/minference_cascade_layer_h100.json: | install
+	$(ANALYSIS) bench minference_cascade_layer_h100.json --force
+
 # python -m bench.bounded --model llama31_8b --weights random --caches 4096 32768 --context 1048576 --steps 32 --methods h2o tova streaming_llm --out $@
 results/bench/bounded_llama31_8b_h100.json: | install
 	$(ANALYSIS) bench bounded_llama31_8b_h100.json --force

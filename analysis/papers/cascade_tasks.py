@@ -13,6 +13,7 @@ LongBench (tasks/longbench.py, the paper's six tasks, preset cascade6): cache 2^
 reference's L the prompt: the two rules differ only where that crosses a power of two.
 Rows of methods that are not on this branch (H2O/SnapKV/BigBird: evict branch; the truncated flash
 baseline needs a per-sample truncation length; MInference, PyramidKV as run there) show the paper only.
+"Cascade (Ours) + MInference" (the paper's `cascade+minference`) is method=minference_cascade (a ~100K stride).
 """
 from __future__ import annotations
 
@@ -34,6 +35,8 @@ def cascade(rule: str, cap: int, cascades: str = "1,4") -> list[str]:
 
 def method_row(v: dict, ours: str) -> str:
     m = v["method"]
+    if m == "minference_cascade":                    # the paper's label (Table 9: LLaMA3.1-8B only)
+        return f"{ours} + MInference"
     if m == "cascade":
         return "Streaming LLM" if int(v.get("method.cascades", 4)) == 1 else ours
     return {"full": "Vanilla Transformer", "h2o": "H2O", "snapkv": "Snap KV", "bigbird": "BigBird"}.get(m, m)
@@ -104,11 +107,26 @@ LB_MODELS = {"paper": (["llama31_8b", "qwen2_7b"], 65536), "embedded": (["smollm
 LB_LABEL = {"llama31_8b": "LLaMA3.1-8B Instruct", "qwen2_7b": "Qwen2-7B", "smollm2": "SmolLM2-135M"}
 
 
+# MInference + Cascade (appendix C.1): the cascade's LongBench cache rule with the paper's ~100K stride, each chunk's
+# self-attention MInference's (methods/minference_cascade.py; the model's pattern file), LLaMA3.1-8B only as the
+# paper. In-cache positions reach sink + cache + stride: within Llama-3.1's 131072 the quarter rule's largest cache
+# under 128K prompts (32768) leaves a 98240 stride (it differs from 100K only for prompts over 98K tokens); the
+# embedded model's 8K positions take a 4096 stride under its 2048 cache.
+MC = {"paper": (32768, 98240), "embedded": (2048, 4096)}      # profile -> (cache_size cap, stride)
+
+
+def minference_cascade(profile: str) -> list[str]:
+    cap, stride = MC[profile]
+    return ["method=minference_cascade", "method.sink=64", "method.cache_rule=quarter", f"method.cache_size={cap}",
+            f"method.stride={stride}"]
+
+
 def _lb_sweeps(profile: str) -> list[list[str]]:
     models, cap = LB_MODELS[profile]
     subsets = ",".join(SUBSETS)
     return [["task=longbench", f"task.subsets={subsets}", *model_args(m), *cascade("quarter", cap)] for m in models] + \
-        [["task=longbench", f"task.subsets={subsets}", *model_args(m), "method=bigbird"] for m in models]
+        [["task=longbench", f"task.subsets={subsets}", *model_args(m), "method=bigbird"] for m in models] + \
+        [["task=longbench", f"task.subsets={subsets}", *model_args(models[0]), *minference_cascade(profile)]]
 
 
 def with_means(df: pd.DataFrame, n_cols: int, paper: list[dict]) -> pd.DataFrame:
