@@ -170,7 +170,6 @@ def chunk_attention_triton(q, keys, values, n: int, idx, scale: float, weights):
     assert L == n + T and idx.q_start == 0 and idx.q_len == T and idx.first_block == 0
     assert D == next_pow2(D) and D >= 16, "head_dim must be a power of two >= 16 (kernels/cascade_attention)"
     assert q.stride(-1) == 1 and keys.stride(-1) == 1 and values.stride(-1) == 1
-    assert keys.stride() == values.stride()
     dev, nq = q.device, idx.block_count.shape[-1]
     out = torch.empty(B, T, Hq, D, device=dev, dtype=q.dtype)
     lse = torch.empty(B, Hq, T, device=dev, dtype=torch.float32)
@@ -180,15 +179,16 @@ def chunk_attention_triton(q, keys, values, n: int, idx, scale: float, weights):
     bstart, bend, bcount, bfree, cidx, ccount = (t.contiguous() for t in (
         idx.block_start, idx.block_end, idx.block_count, idx.block_free, idx.column_index, idx.column_count))
     bm = max(16, next_pow2(idx.block))
-    off64 = keys.stride(2) * L >= 2**31
+    off64 = max(keys.stride(2), values.stride(2)) * L >= 2**31
     kx, vx = keys[:, :, n:], values[:, :, n:]
     launch = {"num_warps": CONFIG["num_warps"], "num_stages": CONFIG["num_stages"]} if q.is_cuda else {}
     kstr = (keys.stride(0), keys.stride(1), keys.stride(2))
+    vstr = (values.stride(0), values.stride(1), values.stride(2))   # a first chunk's v is the projection's view
     common = {"BS": idx.block, "BM": bm, "D": D, "BD": D, "PREC": prec, "UPCAST": upcast, "OFF64": off64}
     kernel_for(_chunk_fwd, q)[(nq, B * Hq)](
         q, keys, values, kx, vx, out, lse, bstart, bend, bcount, bfree, cidx, ccount, idx.init, idx.local, pairs,
         n, T, scale * LOG2E, nq, bstart.shape[-1], cidx.shape[-1], q.stride(0), q.stride(1), q.stride(2), *kstr,
-        *kstr, out.stride(0), out.stride(1), out.stride(2), Hq, Hq // Hkv, FAST=bm == idx.block, **common, **launch)
+        *vstr, out.stride(0), out.stride(1), out.stride(2), Hq, Hq // Hkv, FAST=bm == idx.block, **common, **launch)
     mass = torch.empty(B, Hq, L, device=dev, dtype=torch.float32)
     w = weights.to(device=dev, dtype=torch.float32).contiguous()
     if n:

@@ -137,6 +137,22 @@ def test_kernel_with_long_slash_lists_and_columns(monkeypatch):
     assert int(got[2]) == int(want[2])
 
 
+
+@needs_kernels
+@pytest.mark.parametrize("n", [0, 13])
+def test_kernel_values_strided_unlike_keys(n, monkeypatch):
+    """A first chunk attends v as the projection left it ([B, T, Hkv, D] transposed to [B, Hkv, T, D]) while
+    its keys are the rotation's contiguous copy: the kernel reads each with its own strides (this differed on
+    the GPU before: an equal-strides assertion)."""
+    q, k, v, idx, w = case(1, 4, 2, n, 29, 16, MIX, 8, seed=7)
+    vt = v.transpose(1, 2).contiguous().transpose(1, 2)          # same values, [B, L, Hkv, D] memory order
+    assert vt.stride() != k.stride()
+    want = chunk_attention_ref(q, k, v, n, idx, SCALE, w)
+    monkeypatch.setenv("HARNESS_KERNELS", "triton")
+    got = chunk_attention(q, k, vt, n, idx, SCALE, w)
+    assert (got[0] - want[0]).abs().max().item() < 2e-5
+    assert (got[1] - want[1]).abs().max().item() < 2e-6
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_kernel_llama31_shape_bf16():
