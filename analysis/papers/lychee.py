@@ -26,6 +26,7 @@ from analysis import render
 from analysis.catalogue import Impl, register
 from analysis.nodata import longbench
 from analysis.papers_data import rows as paper_rows, setup_text
+from analysis.shared_data import EMBEDDED_RULER
 
 T2_SETS = {"gaokao2023en": "Gaokao2023En", "minerva_math": "Minerva", "aime": "AIME24", "olympiadbench": "OlympiadBench"}
 T2_MODELS = {"r1_llama_8b": "DeepSeek-R1-Distill-Llama-8B", "r1_qwen_7b": "DeepSeek-R1-Distill-Qwen-7B",
@@ -128,9 +129,6 @@ register("lychee.table2", TABLE2)
 T4_TASKS = {"niah_single_1": "single", "niah_multikey_1": "multikey", "niah_multivalue": "multivalue",
             "niah_multiquery": "multiquery", "vt": "vt", "fwe": "fwe", "qa_1": "qa1", "qa_2": "qa2"}
 T4_NAMES = {"full": "Full Attention", "lychee": "LycheeDecode"}
-# offline: RULER's essay haystack from ../shared/data, nltk's untrained punkt (no punkt_tab data here)
-EMBEDDED_RULER = ("task.essay_path=../shared/data/paul_graham_essays/ruler/PaulGrahamEssays.json",
-                  "task.sentence_splitter=punkt_untrained")
 
 
 # the embedded head file (methods/heads/smollm2-passkey-hardkuma.json) holds 13 retrieval heads: layer 0's 3

@@ -25,7 +25,7 @@ import pandas as pd
 
 from analysis import render
 from analysis.catalogue import Impl, paper_numbers, register
-from analysis.shared_data import PG19_DATA
+from analysis.shared_data import EMBEDDED_RULER, PG19_DATA
 
 NUMBERS = paper_numbers("tactic")
 T15 = NUMBERS["table1-5"]
@@ -82,7 +82,8 @@ def _ruler_sweeps(profile: str) -> list[list[str]]:
     model, lengths, budgets, page, _ = PROFILES[profile]
     tasks, n = RULER_RUNS[profile]
     lens = ",".join(f"[{n}]" for _, n in lengths)
-    task = ["task=ruler", f"task.lengths={lens}", f"task.samples_per_task={n}", f"task.tasks={_list(tasks)}"]
+    task = ["task=ruler", f"task.lengths={lens}", f"task.samples_per_task={n}", f"task.tasks={_list(tasks)}",
+            *(EMBEDDED_RULER if profile == "embedded" else ())]     # essay tasks offline: ../shared/data
     return [[*task, *m] for m in _methods(model, budgets, page)]
 
 

@@ -34,7 +34,7 @@ from analysis.papers.tactic import (
     value_table,
 )
 from analysis.runs import metric_stats
-from analysis.shared_data import PG19_DATA
+from analysis.shared_data import EMBEDDED_RULER, PG19_DATA
 from analysis.stats import token_ppl
 
 PROBE = {"paper": (16, 0), "embedded": (15, 0)}          # (layer, query head) of Fig. 1's CDFs
@@ -133,7 +133,8 @@ def _fig34_sweeps(profile: str) -> list[list[str]]:
     w = csv_list(WEIGHTS)
     kl = [[*pg19_task(profile, "kl", 64), *_tactic(profile, "method.mode=oracle_global", f"method.target={w}")]]
     ruler = [["task=ruler", f"task.lengths=[{FIG4_LENGTH[profile]}]", f"task.samples_per_task={FIG4_SAMPLES[profile]}",
-              f"task.tasks=[{','.join(FIG4_TASKS)}]", *_tactic(profile, "method.mode=oracle_global",
+              f"task.tasks=[{','.join(FIG4_TASKS)}]", *(EMBEDDED_RULER if profile == "embedded" else ()),
+              *_tactic(profile, "method.mode=oracle_global",
                                                                 f"method.target={w}")]]
     return kl + ruler
 
