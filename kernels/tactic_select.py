@@ -40,7 +40,6 @@ import torch
 
 from ._common import HAVE_TRITON, backend_for, kernel_for, next_pow2, tl, triton
 
-
 # --- the reference: Tactic's sort-based path -------------------------------------------------------
 
 def rows_gather(src: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:

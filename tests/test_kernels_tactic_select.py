@@ -14,10 +14,11 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-import pytest  # noqa: E402
+import pytest
 
-import kernels  # noqa: E402
-from kernels import _common, tactic_select as TS  # noqa: E402
+import kernels
+from kernels import _common
+from kernels import tactic_select as TS
 
 needs_triton = pytest.mark.skipif(
     not (kernels.HAVE_TRITON and (torch.cuda.is_available() or _common.interpreter_active())),
@@ -91,7 +92,7 @@ def check(got, want, cap):
     assert torch.equal(cnt.cpu(), rcnt.cpu())
     assert idx.shape == ridx.shape
     idx, ridx = idx.cpu(), ridx.cpu()
-    B, H, W = idx.shape
+    B, H, _ = idx.shape
     for b in range(B):
         for h in range(H):
             c = int(cnt[b, h])
@@ -119,7 +120,7 @@ def test_kernel_matches_reference(monkeypatch, G, ties, blocks):
 def test_kernel_small_kmax_and_expanded_k_row(monkeypatch):
     """topk's shape: kmax = budget below the list's length, one K per batch broadcast over rows."""
     monkeypatch.setenv("HARNESS_KERNELS", "triton")
-    scores, csize, cstart, order, _, e_pos, e_valid, n = case(2, 2, 2, 40, seed=5, ties=True, ks=ks_mixed)
+    scores, csize, cstart, order, _, e_pos, e_valid, _ = case(2, 2, 2, 40, seed=5, ties=True, ks=ks_mixed)
     kmax = 37
     k_row = torch.tensor([37, 12]).view(2, 1).expand(2, 4)
     got = TS.select_cluster_tokens(scores, csize, cstart, order, k_row, e_pos, e_valid, kmax, block_c=16)
