@@ -168,3 +168,52 @@ def test_kernel_llama8b_shape_128k(monkeypatch, rows):
             got = TS.select_cluster_tokens(*args, kmax)
             want = TS.select_cluster_tokens_ref(*args, kmax)
             check(got, want, order.shape[-1])
+
+
+# --- the method on the kernel -----------------------------------------------------------------------
+
+TACTIC_CASES = [
+    {"mode": "topk", "budget": 20, "cluster_size": 4, "sink": 1, "window": 2},
+    {"mode": "topk", "budget": 16, "cluster_size": 3, "select": "kv_head", "sink": 2, "window": 3,
+     "recluster_every": 5},
+    {"target": 0.7, "cluster_size": 4, "exact_head": 6, "fit_window": 3},
+    {"mode": "oracle_cluster", "target": 0.8, "cluster_size": 5, "select": "kv_head"},
+    {"target": 1.0, "cluster_size": 4},
+]
+
+
+@needs_triton
+@pytest.mark.parametrize("cfg", TACTIC_CASES)
+def test_tactic_decode_on_the_kernel_equals_the_torch_path(monkeypatch, cfg):
+    """Tactic driven on random tensors twice, the selection on its reference and on the kernel (every
+    other op on torch, so the cluster scores are bitwise the same): the same sets and counts per row,
+    outputs equal within fp32 rounding (the kernel lists a row's tokens in another order)."""
+    from test_methods_common import Driver, make, one_thread, rope_for  # noqa: F401
+    from tiny_models import tiny
+
+    model = tiny("llama")
+    rope = rope_for(model)
+    monkeypatch.setenv("HARNESS_KERNELS", "torch")
+    runs = []
+    for path in ("torch", "triton"):
+        monkeypatch.setattr(TS, "backend_for", lambda t, p=path: p)
+        method, info = make({"name": "tactic", **cfg}, model)
+        d = Driver(method, info, rope, max_len=70)
+        d.step(25, "prefill")
+        d.step(20, "prefill")
+        steps = []
+        for _ in range(8):
+            method.correction_span(d.seen)
+            _, outs = d.step(1, "decode")
+            steps.append((outs, dict(method.selected)))
+        runs.append(steps)
+    for (o1, s1), (o2, s2) in zip(*runs):
+        assert s1.keys() == s2.keys() and s1
+        for layer in s1:
+            (i1, c1), (i2, c2) = s1[layer], s2[layer]
+            assert torch.equal(c1, c2) and i1.shape == i2.shape
+            n = c1.long().unsqueeze(-1)
+            j = torch.arange(i1.shape[-1])
+            big = torch.iinfo(torch.int32).max                  # past the count: sorted to the end
+            assert torch.equal(torch.where(j < n, i1, big).sort(-1).values, torch.where(j < n, i2, big).sort(-1).values)
+        assert max((a - b).abs().max().item() for a, b in zip(o1, o2)) <= 1e-5
