@@ -219,7 +219,8 @@ def select_cluster_tokens(scores, csize, cstart, order, k_row, e_pos, e_valid, k
     assert csize.stride() == cstart.stride() and csize.stride(-1) == 1 and order.stride(-1) == 1
     assert csize.dtype == cstart.dtype == order.dtype == torch.int32
     sc = scores.float().contiguous()
-    ev = e_valid.to(torch.int8).contiguous()
+    # bool -> bytes without a copy (a cast would add a kernel launch per layer)
+    ev = e_valid.contiguous().view(torch.uint8) if e_valid.dtype == torch.bool else e_valid.contiguous()
     ep = e_pos.long().contiguous()
     kr = k_row.long()
     idx = torch.empty(B, H, W, device=scores.device, dtype=torch.int32)
