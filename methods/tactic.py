@@ -27,6 +27,8 @@ Decisions the paper leaves open (methods.md sec. 3.2), all options:
     oracle_global (Figs. 3-4: exact top-p by true weight over all tokens, no forced set) and
     oracle_cluster (Fig. 8's "clustering optimal": exact top-p along the cluster-sorted list).
 Prefill is dense. The current token is always in E. Keys are cached rotated at their positions.
+On CUDA the set comes from one kernel without the sort (kernels/tactic_select.py: the same set as
+the sorted list's first K; fit and the cluster oracle still sort, to read list ranks).
 """
 from __future__ import annotations
 
@@ -285,7 +287,10 @@ class Tactic(Method):
         c = self.cfg
         if c.mode == "oracle_global":
             return self._global(layer, q1)
-        r = self._rank(layer, q1)
+        s, csize = self._scores(layer, q1)
+        # the full sort only where list ranks are read: fit's samples, the cluster oracle, diagnostics
+        need_r = (c.mode != "topk" and c.target < 1.0) or self.probe is not None
+        r = rank(s, csize) if need_r else None
         B, H = q1.shape[0], self.rows
         est = None
         if c.target >= 1.0 and c.mode != "topk":
@@ -298,14 +303,18 @@ class Tactic(Method):
         else:
             probs, _ = self._exact(layer, q1)
             k_row = per_row(self._cluster_k(layer, r, probs)[0], H)
-        index, counts = self._index(layer, r, k_row)
+        # list ranks 0..K-1 then the valid exact set; only selectable ranks are unpacked (topk: K <= budget)
+        kmax = min(self.n_tok, c.budget) if c.mode == "topk" else self.n_tok
+        index, counts = kernels.select_cluster_tokens(s, csize, self.index.cstart[layer], self.index.order[layer],
+                                                      k_row, self.e_pos, self.e_valid, kmax, ranking=r)
         self.selected[layer] = (index, counts)
         if self.probe is not None:
             diagnose(self, layer, q1, r, index, counts, est)
         return index, counts
 
-    def _rank(self, layer, q1):
-        """Clusters ranked per row by q.centroid (per query head, or the group's summed probabilities)."""
+    def _scores(self, layer, q1):
+        """Cluster scores per row [B, H, n] by q.centroid (per query head, or the group's summed
+        probabilities; empty clusters -inf) and the sizes [B, Hkv, n] that rank them."""
         c, n = self.cfg, self.n_clu
         cent = self.index.cent[layer]
         _, s = kernels.selection_attention(q1, cent, cent, self.clu_len, self.info.scaling, max_length=n)
@@ -315,7 +324,7 @@ class Tactic(Method):
         s = s.view(B, Hkv, Hq // Hkv, n).masked_fill((csize == 0).unsqueeze(2), float("-inf")).view(B, Hq, n)
         if c.select == "kv_head":
             s = selection.group_reduce(s, Hkv, "softmax_sum", self.info.scaling)
-        return rank(s, csize)
+        return s, csize
 
     def _fit(self, layer, q1, r):
         """Algorithm 1 per query head: (K [B, Hq] list tokens, (estimated total, shift) for diagnostics)."""
@@ -383,17 +392,6 @@ class Tactic(Method):
         if self.probe is not None:
             diagnose(self, layer, q1, None, index, counts, None)
         return index, counts
-
-    def _index(self, layer, r, k_row):
-        """List ranks 0..K-1 then the valid exact set, per row: (int32 [B, H, n + Emax], counts [B, H])."""
-        B = k_row.shape[0]
-        # only selectable ranks are unpacked (topk: K <= budget; was all n_tok ranks per head and layer)
-        kmax = (min(self.n_tok, self.cfg.budget) if self.cfg.mode == "topk" else self.n_tok) + self.e_max
-        j = torch.arange(kmax, device=k_row.device)
-        pos_list = list_positions(j.clamp(max=self.n_tok - 1), r, self.index.cstart[layer], self.index.order[layer])
-        je = (j.view(1, 1, -1) - k_row.unsqueeze(-1)).clamp(0, self.e_max - 1)
-        index = torch.where(j.view(1, 1, -1) < k_row.unsqueeze(-1), pos_list, self.e_pos[je])
-        return index.int(), (k_row + self.n_e.view(B, 1)).int()
 
     # --- reporting ---------------------------------------------------------------------------------
     def stats(self):

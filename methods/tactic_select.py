@@ -9,17 +9,11 @@ always attended. A budget K is a count of list tokens: the row attends list rank
 """
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import torch
 
-
-def rows_gather(src: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
-    """src [B, Hkv, X] (per KV head), idx int64 [B, H, M] with H a multiple of Hkv (the rows of one
-    KV head adjacent) -> src[b, kv_head(h), idx[b, h, m]] as [B, H, M]."""
-    B, Hkv = src.shape[:2]
-    H, M = idx.shape[1:]
-    return src.gather(2, idx.reshape(B, Hkv, (H // Hkv) * M)).view(B, H, M)
+# The ranking and the list unpacking are the reference of the fused selection kernel (kernels must
+# not import methods): defined there, re-exported here with the rest of Tactic's selection rules.
+from kernels.tactic_select import Ranking, list_positions, rank, rows_gather  # noqa: F401
 
 
 def rows_gather_vec(src: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
@@ -28,33 +22,6 @@ def rows_gather_vec(src: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
     H, M = idx.shape[1:]
     flat = idx.reshape(B, Hkv, (H // Hkv) * M, 1).expand(-1, -1, -1, D)
     return src.gather(2, flat).view(B, H, M, D)
-
-
-class Ranking(NamedTuple):
-    ranked: torch.Tensor    # int64 [B, H, C]: cluster ids, most critical first
-    sizes: torch.Tensor     # int64 [B, H, C]: their sizes
-    cum: torch.Tensor       # int64 [B, H, C]: list tokens through each ranked cluster (inclusive)
-
-
-def rank(scores: torch.Tensor, csize: torch.Tensor) -> Ranking:
-    """Clusters by descending score [B, H, C] (-inf: empty, ranked last with size 0); csize [B, Hkv, C]."""
-    ranked = torch.sort(scores, dim=-1, descending=True, stable=True).indices
-    sizes = rows_gather(csize, ranked).long()
-    return Ranking(ranked, sizes, sizes.cumsum(-1))
-
-
-def list_positions(j: torch.Tensor, r: Ranking, cstart: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
-    """Token positions (int64 [B, H, M]) at list ranks j (int64 [B, H, M] or [M]); ranks at or past
-    the list's length give some in-range position (callers mask them)."""
-    B, H, C = r.cum.shape
-    if j.dim() == 1:
-        j = j.view(1, 1, -1).expand(B, H, -1)
-    j = j.contiguous()
-    c = torch.searchsorted(r.cum, j, right=True).clamp(max=C - 1)    # the ranked cluster holding rank j
-    offset = j - (r.cum.gather(-1, c) - r.sizes.gather(-1, c))
-    cid = r.ranked.gather(-1, c)
-    slot = (rows_gather(cstart, cid).long() + offset).clamp(0, order.shape[-1] - 1)
-    return rows_gather(order, slot).long()
 
 
 # --- the curve fit (Algorithm 1) -------------------------------------------------------------------
