@@ -19,6 +19,8 @@ ROOT = Path(__file__).resolve().parents[1]
 ENGINE_CODE = ("bench/engine.py", "runners/engine.py", "runners/graphs.py", "runners/layer_ops.py",
                "runners/models.py", "methods/full.py", "methods/base.py", "methods/config.py", "methods/stores.py",
                "methods/rope.py", "kernels/_common.py", "kernels/attention.py", "kernels/prefill.py", "kernels/fused.py")
+TACTIC_CODE = ENGINE_CODE + ("bench/tactic.py", "methods/tactic.py", "methods/tactic_select.py",
+                             "kernels/tactic_select.py", "methods/kmeans.py", "methods/quest.py", "methods/tidal.py")
 # Benchmark files that no catalogue item renders but the README or an issue's bar quotes (engine vs HF
 # StaticCache; bounded-cache decode at 1M vs full at the cache size; Tactic's clustering cost and decode).
 HARNESS_FILES = [
@@ -27,14 +29,12 @@ HARNESS_FILES = [
               ENGINE_CODE + ("bench/bounded.py", "methods/h2o.py", "methods/tova.py", "methods/streaming_llm.py")),
     BenchFile("tactic_h100.json", "python -m bench.tactic --model llama31_8b --layers 4 --context 32768 --steps 32 "
               "--repeat 3 --budget 1024",
-              ENGINE_CODE + ("bench/tactic.py", "methods/tactic.py", "methods/tactic_select.py", "methods/kmeans.py",
-                             "methods/quest.py", "methods/tidal.py")),
+              TACTIC_CODE),
     # the paper's range is 32K-128K: at 32K full attention reads 128 MB per layer (~45 us), less than the
     # selection's fixed kernel cost; 128K is where a 1024-token budget has the most to save
     BenchFile("tactic_128k_h100.json", "python -m bench.tactic --model llama31_8b --layers 4 --context 131072 "
               "--steps 32 --repeat 3 --budget 1024",
-              ENGINE_CODE + ("bench/tactic.py", "methods/tactic.py", "methods/tactic_select.py", "methods/kmeans.py",
-                             "methods/quest.py", "methods/tidal.py")),
+              TACTIC_CODE),
     BenchFile("engine_llama3_h100.json", "python -m bench.engine --model llama3 --weights random --lengths 8192 "
               "32768 131072 --steps 32 --repeat 2", ENGINE_CODE),
     BenchFile("engine_smollm2_cpu.json", "python -m bench.engine --lengths 4096 --steps 16 --repeat 1", ENGINE_CODE,

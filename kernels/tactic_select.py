@@ -110,7 +110,7 @@ if HAVE_TRITON:
     @triton.jit
     def _select_kernel(Sc, Sz, St, Od, Kr, Ep, Ev, Idx, Cnt,
                        C, H, G, EMAX, W, KMAX,
-                       s_sb, s_sh, s_zb, s_zh, s_ob, s_oh, s_kb, s_kh, s_eb,
+                       s_sb, s_sh, s_zb, s_zh, s_tb, s_th, s_ob, s_oh, s_kb, s_kh, s_eb,
                        BLOCK_C: tl.constexpr, BLOCK_J: tl.constexpr, ONE: tl.constexpr):
         pid = tl.program_id(0)
         b = (pid // H).to(tl.int64)
@@ -118,7 +118,7 @@ if HAVE_TRITON:
         kv = h // G
         sc = Sc + b * s_sb + h * s_sh
         sz = Sz + b * s_zb + kv * s_zh
-        st = St + b * s_zb + kv * s_zh
+        st = St + b * s_tb + kv * s_th
         od = Od + b * s_ob + kv * s_oh
         out = Idx + pid.to(tl.int64) * W
         cc = tl.arange(0, BLOCK_C)
@@ -208,15 +208,16 @@ if HAVE_TRITON:
 def select_cluster_tokens(scores, csize, cstart, order, k_row, e_pos, e_valid, kmax, *, ranking=None,
                           block_c: int | None = None, block_j: int | None = None):
     """(index int32 [B, H, kmax + Emax], counts int32 [B, H]): the module's contract. Triton on CUDA,
-    the reference elsewhere (`ranking` is used by the reference only). csize and cstart share their
-    strides (ClusterIndex layout); block_c / block_j override the tile sizes (tests: several tiles)."""
+    the reference elsewhere (`ranking` is used by the reference only). csize, cstart and order may
+    have any strides but a unit last one; block_c / block_j override the tile sizes (tests: several tiles)."""
     if backend_for(scores) == "torch":
         return select_cluster_tokens_ref(scores, csize, cstart, order, k_row, e_pos, e_valid, kmax, ranking)
     B, H, C = scores.shape
     G = H // csize.shape[1]
     emax = e_pos.numel()
     W = kmax + emax
-    assert csize.stride() == cstart.stride() and csize.stride(-1) == 1 and order.stride(-1) == 1
+    # csize/cstart/order keep their own strides (a ClusterIndex slice, or a copy .cuda() made dense)
+    assert csize.stride(-1) == cstart.stride(-1) == order.stride(-1) == 1
     assert csize.dtype == cstart.dtype == order.dtype == torch.int32
     sc = scores.float().contiguous()
     # bool -> bytes without a copy (a cast would add a kernel launch per layer)
@@ -231,7 +232,8 @@ def select_cluster_tokens(scores, csize, cstart, order, k_row, e_pos, e_valid, k
     kernel_for(_select_kernel, scores)[(B * H,)](
         sc, csize, cstart, order, kr, ep, ev, idx, cnt,
         C, H, G, emax, W, kmax,
-        sc.stride(0), sc.stride(1), csize.stride(0), csize.stride(1), order.stride(0), order.stride(1),
+        sc.stride(0), sc.stride(1), csize.stride(0), csize.stride(1), cstart.stride(0), cstart.stride(1),
+        order.stride(0), order.stride(1),
         kr.stride(0), kr.stride(1), ev.stride(0),
         BLOCK_C=bc, BLOCK_J=bj, ONE=C <= bc, num_warps=8 if cuda else 1)
     return idx, cnt

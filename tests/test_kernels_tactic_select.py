@@ -128,6 +128,17 @@ def test_kernel_small_kmax_and_expanded_k_row(monkeypatch):
     check(got, want, order.shape[-1])
 
 
+@needs_triton
+def test_kernel_csize_and_cstart_with_unlike_strides(monkeypatch):
+    """csize a dense copy, cstart a slice of a wider buffer: moving a slice to CUDA makes it dense,
+    so the kernel reads each with its own strides (on the H100 an equal-strides assert failed)."""
+    monkeypatch.setenv("HARNESS_KERNELS", "triton")
+    scores, csize, cstart, order, k_row, e_pos, e_valid, n = case(2, 2, 2, 30, seed=3, ties=False, ks=ks_mixed)
+    assert csize.stride() != csize.contiguous().stride()
+    args = [t.to(DEV) for t in (scores, csize.contiguous(), cstart, order, k_row, e_pos, e_valid)]
+    check(TS.select_cluster_tokens(*args, n), TS.select_cluster_tokens_ref(*args, n), order.shape[-1])
+
+
 def test_reference_is_the_stable_sort_definition():
     """Plain Python: clusters by (score desc, id asc), unpacked in `order` order, first K, then E."""
     scores, csize, cstart, order, k_row, e_pos, e_valid, n = case(2, 2, 2, 30, seed=9, ties=True, ks=ks_mixed)
