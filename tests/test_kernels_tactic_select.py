@@ -123,8 +123,9 @@ def test_kernel_small_kmax_and_expanded_k_row(monkeypatch):
     scores, csize, cstart, order, _, e_pos, e_valid, _ = case(2, 2, 2, 40, seed=5, ties=True, ks=ks_mixed)
     kmax = 37
     k_row = torch.tensor([37, 12]).view(2, 1).expand(2, 4)
-    got = TS.select_cluster_tokens(scores, csize, cstart, order, k_row, e_pos, e_valid, kmax, block_c=16)
-    want = TS.select_cluster_tokens_ref(scores, csize, cstart, order, k_row, e_pos, e_valid, kmax)
+    args = [t.to(DEV) for t in (scores, csize, cstart, order, k_row, e_pos, e_valid)]
+    got = TS.select_cluster_tokens(*args, kmax, block_c=16)
+    want = TS.select_cluster_tokens_ref(*args, kmax)
     check(got, want, order.shape[-1])
 
 
@@ -199,12 +200,12 @@ def test_tactic_decode_on_the_kernel_equals_the_torch_path(monkeypatch, cfg):
     """Tactic driven on random tensors twice, the selection on its reference and on the kernel (every
     other op on torch, so the cluster scores are bitwise the same): the same sets and counts per row,
     outputs equal within fp32 rounding (the kernel lists a row's tokens in another order)."""
-    from test_methods_common import Driver, make, one_thread, rope_for  # noqa: F401
-    from tiny_models import tiny
-
     if not _common.interpreter_active():      # the Driver's tensors live on the CPU
         pytest.skip("needs Triton's interpreter (TRITON_INTERPRET=1 before triton's import; not on CUDA "
                     "machines: tests/test_methods_gpu.py runs tactic on the CUDA kernels there)")
+    from test_methods_common import Driver, make, one_thread, rope_for  # noqa: F401
+    from tiny_models import tiny
+
 
     model = tiny("llama")
     rope = rope_for(model)
