@@ -73,6 +73,29 @@ class Sim:
         return out
 
 
+def oracle_layer(d, layer, q, order, a, own, rope, info):
+    """(output [B, T, Hq * D], probs [B, Hq, T, n + T]) in float64: each query head's chunk of T
+    queries at positions n.. attends its KV head's cache slots `order[b, kv]` (in-cache positions
+    0..n-1, all visible) and the chunk's own keys where `own[b, h]` [T, T] allows."""
+    B, Hq, T = d.B, q.shape[1], own.shape[-1]
+    g = Hq // (len(order) // B)
+    n = len(order[0, 0])
+    icp = torch.arange(n + T)
+    k_all, v_all = d.k[layer].double(), d.v[layer].double()
+    ref_out = torch.zeros(B, T, Hq * info.head_dim, dtype=torch.float64)
+    probs = torch.zeros(B, Hq, T, n + T, dtype=torch.float64)
+    for b in range(B):
+        for h in range(Hq):
+            toks = order[b, h // g] + list(range(a, a + T))
+            kk = rope.apply(k_all[b:b + 1, h // g:h // g + 1, toks], icp)[0, 0]
+            qq = rope.apply(q[b:b + 1, h:h + 1].double(), icp[n:])[0, 0]
+            vis = torch.cat([torch.ones(T, n, dtype=torch.bool), own[b, h]], 1)
+            p = torch.softmax(((qq @ kk.T) * info.scaling).masked_fill(~vis, float("-inf")), -1)
+            probs[b, h] = p
+            ref_out[b, :, h * info.head_dim:(h + 1) * info.head_dim] = p @ v_all[b, h // g, toks]
+    return ref_out, probs
+
+
 def reduce(p: torch.Tensor, how: str, Hkv: int, homogeneous: bool) -> torch.Tensor:
     """[B, Hq, L] -> [B, Hkv, L]."""
     B, Hq, L = p.shape
@@ -99,7 +122,7 @@ def test_outputs_slots_and_scores_match_simulation(S, N, W, stride, beta, how, h
     cfg = {"name": "cascade", "sink": S, "cascades": N, "cache_size": N * W, "stride": stride, "beta": beta,
            "head_reduction": how, "homogeneous_heads": homog, "selection": sel}
     method, info = make(cfg, model)
-    Hq, Hkv, g = info.num_heads, info.num_kv_heads, info.group
+    Hq, Hkv = info.num_heads, info.num_kv_heads
     prompt, n_dec = 23, 17                            # past the eager fill: S + N*W + 1 <= 17
     d = Driver(method, info, rope, max_len=prompt + n_dec)
     chunk = stride or prompt
@@ -113,20 +136,8 @@ def test_outputs_slots_and_scores_match_simulation(S, N, W, stride, beta, how, h
             order = {(b, h): sims[layer, b, h].order() for b in range(d.B) for h in range(Hkv)}
             n = len(order[0, 0])
             assert all(len(o) == n for o in order.values())       # same count for every head
-            icp = torch.arange(n + T)
-            k_all, v_all = d.k[layer].double(), d.v[layer].double()
-            ref_out = torch.zeros(d.B, T, Hq * info.head_dim, dtype=torch.float64)
-            probs = torch.zeros(d.B, Hq, T, n + T, dtype=torch.float64)
-            for b in range(d.B):
-                for h in range(Hq):
-                    toks = order[b, h // g] + list(range(a, a + T))
-                    kk = rope.apply(k_all[b:b + 1, h // g:h // g + 1, toks], icp)[0, 0]
-                    qq = rope.apply(qs[layer][b:b + 1, h:h + 1].double(), icp[n:])[0, 0]
-                    s = (qq @ kk.T) * info.scaling
-                    s = s.masked_fill(icp.view(1, -1) > icp[n:].view(-1, 1), float("-inf"))
-                    p = torch.softmax(s, -1)
-                    probs[b, h] = p
-                    ref_out[b, :, h * info.head_dim:(h + 1) * info.head_dim] = p @ v_all[b, h // g, toks]
+            own = torch.ones(d.B, Hq, T, T, dtype=torch.bool).tril()
+            ref_out, probs = oracle_layer(d, layer, qs[layer], order, a, own, rope, info)
             assert (outs[layer].double() - ref_out).abs().max().item() <= 1e-5, (phase, a, layer)
             mass = reduce((probs * w.view(1, 1, -1, 1)).sum(2), how, Hkv, homog)
             for b in range(d.B):

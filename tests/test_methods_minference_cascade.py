@@ -16,7 +16,7 @@ import math
 import pytest
 import torch
 from omegaconf import OmegaConf
-from test_methods_cascade import Sim, reduce
+from test_methods_cascade import Sim, oracle_layer, reduce
 from test_methods_common import Driver, make, one_thread, rope_for  # noqa: F401
 from tiny_models import tiny
 
@@ -77,7 +77,7 @@ def test_sparse_chunks_match_simulation(S, N, W, stride, beta, patterns, dense):
     info = ModelInfo.from_hf_config(model.config)
     method = Recording(build(OmegaConf.create({"name": "minference_cascade", **cfg}), info).cfg)
     method.seen_index = []
-    Hq, Hkv, g = info.num_heads, info.num_kv_heads, info.group
+    Hq, Hkv = info.num_heads, info.num_kv_heads
     prompt, n_dec = 26, 12
     d, steps = drive(method, info, rope, prompt, n_dec, stride or prompt)
     heads = method.cfg.pattern_set(info).heads
@@ -92,25 +92,12 @@ def test_sparse_chunks_match_simulation(S, N, W, stride, beta, patterns, dense):
         for layer in range(info.num_layers):
             order = {(b, h): sims[layer, b, h].order() for b in range(d.B) for h in range(Hkv)}
             n = len(order[0, 0])
-            icp = torch.arange(n + T)
             own = torch.ones(d.B, Hq, T, T, dtype=torch.bool).tril()
             if phase == "prefill" and layer >= dense:        # the chunk's mask, from the index the method estimated
                 index = next(sparse)
                 own = torch.stack([P.rows_mask(p, index[h], torch.arange(T), T, d.B, consts)
                                    for h, p in enumerate(heads[layer])], 1)
-            k_all, v_all = d.k[layer].double(), d.v[layer].double()
-            ref_out = torch.zeros(d.B, T, Hq * info.head_dim, dtype=torch.float64)
-            probs = torch.zeros(d.B, Hq, T, n + T, dtype=torch.float64)
-            for b in range(d.B):
-                for h in range(Hq):
-                    toks = order[b, h // g] + list(range(a, a + T))
-                    kk = rope.apply(k_all[b:b + 1, h // g:h // g + 1, toks], icp)[0, 0]
-                    qq = rope.apply(qs[layer][b:b + 1, h:h + 1].double(), icp[n:])[0, 0]
-                    s = (qq @ kk.T) * info.scaling
-                    vis = torch.cat([torch.ones(T, n, dtype=torch.bool), own[b, h]], 1)
-                    p = torch.softmax(s.masked_fill(~vis, float("-inf")), -1)
-                    probs[b, h] = p
-                    ref_out[b, :, h * info.head_dim:(h + 1) * info.head_dim] = p @ v_all[b, h // g, toks]
+            ref_out, probs = oracle_layer(d, layer, qs[layer], order, a, own, rope, info)
             assert (outs[layer].double() - ref_out).abs().max().item() <= 1e-5, (phase, a, layer)
             mass = reduce((probs * w.view(1, 1, -1, 1)).sum(2), method.cfg.head_reduction, Hkv, False)
             for b in range(d.B):
