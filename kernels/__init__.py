@@ -13,7 +13,6 @@ from .attention import (decode_attention, decode_attention_mass, decode_attentio
 from .prefill import attention_mass, attention_mass_ref, prefill_attention
 from .quest import (quest_page_scores, quest_page_scores_ref, quest_topk_pages, quest_update_pages,
                     quest_update_pages_ref)
-from .tactic_select import select_cluster_tokens, select_cluster_tokens_ref
 
 __all__ = [
     "HAVE_TRITON", "backend_for", "interpreter_active",
@@ -22,5 +21,5 @@ __all__ = [
     "sparse_decode_tokens", "sparse_decode_tokens_ref", "sparse_decode_pages",
     "sparse_decode_pages_ref", "topk_positions",
     "quest_update_pages", "quest_update_pages_ref", "quest_page_scores", "quest_page_scores_ref",
-    "quest_topk_pages", "select_cluster_tokens", "select_cluster_tokens_ref",
+    "quest_topk_pages",
 ]

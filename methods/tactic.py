@@ -40,6 +40,7 @@ import torch
 
 import kernels
 from common.errors import ConfigError
+from kernels.tactic_select import select_cluster_tokens
 from methods import selection
 from methods.base import Method, register
 from methods.config import ChunkedPrefill, layer_range, option
@@ -305,8 +306,8 @@ class Tactic(Method):
             k_row = per_row(self._cluster_k(layer, r, probs)[0], H)
         # list ranks 0..K-1 then the valid exact set; only selectable ranks are unpacked (topk: K <= budget)
         kmax = min(self.n_tok, c.budget) if c.mode == "topk" else self.n_tok
-        index, counts = kernels.select_cluster_tokens(s, csize, self.index.cstart[layer], self.index.order[layer],
-                                                      k_row, self.e_pos, self.e_valid, kmax, ranking=r)
+        index, counts = select_cluster_tokens(s, csize, self.index.cstart[layer], self.index.order[layer],
+                                              k_row, self.e_pos, self.e_valid, kmax, ranking=r)
         self.selected[layer] = (index, counts)
         if self.probe is not None:
             diagnose(self, layer, q1, r, index, counts, est)
