@@ -79,6 +79,8 @@ def test_fig6_is_token_weighted_perplexity(tmp_path):
     assert {c.row for c in cells} == {"Full", "Quest", "StreamingLLM", "Tactic (top-K)"}
     t = next(c for c in cells if c.row == "Tactic (top-K)")
     assert t.values["method.mode"] == "topk" and t.values["method.budget"] == 128
+    # token by token Tactic must re-cluster, or it is full attention (tests/test_methods_tactic.py)
+    assert t.values["method.recluster_every"] == 64 and t.values["method.cluster_size"] == 8
     _fake(tmp_path / "runs", t.values, [{"nll_sum": 2.0 * 100, "tokens": 100}, {"nll_sum": 4.0 * 300, "tokens": 300}])
     md = _render(tmp_path, "tactic.fig6")
     assert f"{math.exp(3.5):.2f} [" in md                                             # not the mean of books' ppl

@@ -350,3 +350,25 @@ def test_kmeans_cuda_clusters_like_the_cpu():
     assert (a_gpu.cpu() == a_cpu).float().mean() >= 0.99
     assert int(s_gpu.sum()) == 8 * 32768
     assert (c_gpu.cpu() - c_cpu).abs().max() < 0.1
+
+
+@pytest.mark.parametrize("every", [None, 8])
+def test_token_by_token_stays_in_budget_only_when_reclustering(every):
+    """PG-19's token-by-token protocol (Fig. 6): one token prefilled, the rest decoded. Without
+    re-clustering every decoded token stays in the exact set and top-K attends all L tokens (full
+    attention); re-clustering every budget / 2 steps keeps every row at <= budget tokens."""
+    budget, steps = 16, 60
+    model = tiny("llama")
+    rope = rope_for(model)
+    method, info = make({"name": "tactic", "mode": "topk", "budget": budget, "cluster_size": 4,
+                         "recluster_every": every}, model)
+    d = Driver(method, info, rope, max_len=steps + 2)
+    d.step(1, "prefill")
+    for _ in range(steps):
+        method.correction_span(d.seen)
+        d.step(1, "decode")
+    counts = torch.stack([method.selected[layer][1] for layer in range(info.num_layers)])
+    if every is None:
+        assert int(counts.min()) == d.seen - 1                 # every decoded token (E): no budget at all
+    else:
+        assert int(counts.max()) <= budget and method.n_clu > 0
