@@ -43,6 +43,9 @@ def one_line(e: Exception) -> str:
 def _run(cfg: DictConfig, report: bool) -> dict:
     validate(cfg)
     t0 = time.time()
+    # the code this process runs is the tree at its start: a commit made while a long run goes on
+    # must not be recorded as the one that produced it
+    env = environment()
     device = models.resolve_device(cfg.runner.device)
     dtype = models.resolve_dtype(cfg.runner.dtype, device)
     hub.offline_if_unreachable()   # before anything asks the hub: fail in one line, not after a minute of retries
@@ -78,12 +81,14 @@ def _run(cfg: DictConfig, report: bool) -> dict:
     out = RunDir(cfg)
     out.open()
     try:
-        return _loop(cfg, out, task, engine, tokenizer, stop_ids, info, method, plan, dtype, device, t0, report)
+        return _loop(cfg, out, task, engine, tokenizer, stop_ids, info, method, plan, dtype, device, t0, env,
+                     report)
     finally:
         out.close()
 
 
-def _loop(cfg, out, task, engine, tokenizer, stop_ids, info, method, plan, dtype, device, t0, report) -> dict:
+def _loop(cfg, out, task, engine, tokenizer, stop_ids, info, method, plan, dtype, device, t0, env,
+          report) -> dict:
     done = out.done_ids()
     kept = sum(1 for i in plan if i in done)
     planned = set(plan)
@@ -132,7 +137,7 @@ def _loop(cfg, out, task, engine, tokenizer, stop_ids, info, method, plan, dtype
                "failed": [{"id": f["id"], "error": f["error"]} for f in failures[:50]],
                "metrics": task.summarize(rows), "timings": mean_timings(rows),
                "semantics": method.semantics(), "protocol": task.describe(),
-               "config": OmegaConf.to_container(cfg, resolve=True), "environment": environment(),
+               "config": OmegaConf.to_container(cfg, resolve=True), "environment": env,
                "wall_s": time.time() - t0, "results_dir": str(out.path)}
     if elsewhere:
         summary["pending_elsewhere"] = len(elsewhere)

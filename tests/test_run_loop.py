@@ -130,3 +130,21 @@ def test_same_seed_same_rows(tmp_path):
         return engine.generate(ids, max_new_tokens=12, temperature=1.0, top_p=0.95, seed=seed).tokens
 
     assert sample(7) == sample(7) != sample(8)
+
+
+def test_summary_records_the_commit_the_run_started_at(tmp_path, monkeypatch):
+    """A commit made while a long run goes on is not the code that ran: the summary (and so the
+    exported rows) records the tree at the run's start."""
+    cfg = _cfg(tmp_path, "runner.wandb.mode=disabled")
+    head = {"commit": "aaaaaaa"}
+    monkeypatch.setattr(run_module, "environment", lambda: {"git_commit": head["commit"]})
+    real_append = RunDir.append
+
+    def append_then_commit(self, row):
+        head["commit"] = "bbbbbbb"          # someone commits while the run is in its loop
+        return real_append(self, row)
+
+    monkeypatch.setattr(RunDir, "append", append_then_commit)
+    run_module.run(cfg)
+    saved = json.loads(RunDir(cfg).summary_path.read_text())
+    assert saved["environment"]["git_commit"] == "aaaaaaa"
