@@ -79,17 +79,33 @@ def shards(cells: list[Cell], n: int) -> list[list[Cell]]:
     return [g for g in (cells[i::n] for i in range(max(1, n))) if g]
 
 
+def gpus() -> list[str]:
+    """The CUDA devices this machine's processes can be spread over: CUDA_VISIBLE_DEVICES's list
+    where it is set, else one per GPU nvidia-smi lists (none on a machine without it)."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return [d.strip() for d in visible.split(",") if d.strip()]
+    try:
+        out = subprocess.run(["nvidia-smi", "-L"], check=False, capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return [str(i) for i in range(sum(line.startswith("GPU ") for line in out.splitlines()))]
+
+
 def launch(cmds: list[list[str]], dry_run: bool = False, parallel: bool = False, jobs: int = 1) -> int:
     """Run the multiruns, in turn on this machine, `jobs` at a time, or all at once when `parallel`
     (Slurm: each parent only waits on its array); returns the number that failed. A failure is
     reported and the others still run: one bad cell must not cost a night of Slurm jobs.
     jobs > 1 is for a machine the runs leave idle (e.g. a small model on a GPU is bound by the host:
-    one Python process per step); each process then gets cpu_count / jobs threads."""
+    one Python process per step); each process then gets cpu_count / jobs threads and, on a machine
+    of several GPUs, the one running the fewest of them (CUDA_VISIBLE_DEVICES): otherwise every
+    process would take the first GPU and leave the others idle."""
     width = len(cmds) if parallel else max(1, jobs)
-    env = None
+    env = dict(os.environ)
     if width > 1 and not parallel and "OMP_NUM_THREADS" not in os.environ:
-        env = {**os.environ, "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // width))}
-    running: list[subprocess.Popen] = []
+        env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // width))
+    devices = gpus() if width > 1 and not parallel and not dry_run else []
+    running: list[tuple[subprocess.Popen, str | None]] = []
     failed = 0
 
     def reap(p: subprocess.Popen) -> int:
@@ -103,14 +119,18 @@ def launch(cmds: list[list[str]], dry_run: bool = False, parallel: bool = False,
         if dry_run:
             continue
         while len(running) >= width:                 # wait for a slot
-            done = next((p for p in running if p.poll() is not None), None)
+            done = next((r for r in running if r[0].poll() is not None), None)
             if done is None:
                 time.sleep(0.5)
                 continue
             running.remove(done)
-            failed += reap(done)
-        running.append(subprocess.Popen(cmd, cwd=ROOT, env=env))
-    return failed + sum(reap(p) for p in running)
+            failed += reap(done[0])
+        gpu = None
+        if len(devices) > 1:                         # the least busy GPU, the first of equals
+            gpu = min(devices, key=lambda d: sum(g == d for _, g in running))
+            env = {**env, "CUDA_VISIBLE_DEVICES": gpu}
+        running.append((subprocess.Popen(cmd, cwd=ROOT, env=env), gpu))
+    return failed + sum(reap(p) for p, _ in running)
 
 
 def _quote(arg: str) -> str:

@@ -33,3 +33,24 @@ def test_launch_runs_at_most_jobs_at_once_and_counts_failures(tmp_path, monkeypa
         most = max(most, running)
     assert most == 2 and running == 0
     assert all(line.split()[1] != "0" for line in log.read_text().splitlines() if line.startswith("start"))
+
+
+def test_launch_spreads_processes_over_the_visible_gpus(tmp_path, monkeypatch):
+    """On a machine of several GPUs each process gets the one running the fewest: without it every
+    process takes GPU 0 and a 4-GPU sweep runs at a quarter of its speed."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,5")
+    log = tmp_path / "events"
+    body = ("import os, sys, time; f = open(sys.argv[1], 'a'); f.write(os.environ['CUDA_VISIBLE_DEVICES'] + '\\n');"
+            " f.close(); time.sleep(float(sys.argv[2]))")
+    # 3 at once: 2, 5, 2; the short one on 5 ends first, so the 4th goes to 5, not to 2 again
+    cmds = [[sys.executable, "-c", body, str(log), s] for s in ("1.5", "0.1", "1.5", "0.1")]
+    assert launch(cmds, jobs=3) == 0
+    assert log.read_text().split() == ["2", "5", "2", "5"]
+
+
+def test_launch_leaves_a_single_gpu_alone(tmp_path, monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")
+    log = tmp_path / "events"
+    body = "import os, sys; open(sys.argv[1], 'a').write(os.environ['CUDA_VISIBLE_DEVICES'] + '\\n')"
+    assert launch([[sys.executable, "-c", body, str(log)]] * 2, jobs=2) == 0
+    assert log.read_text().split() == ["3", "3"]
