@@ -170,7 +170,10 @@ Notes. Avg. is the paper's mean over the three lengths (ours: read it off the le
 per method and length over all the tasks (Table 1); each group table (2-5) reads that run's rows of its
 tasks (RULER derives each sample from task.seed and its task, so a group run would repeat them). QA
 needs SQuAD/HotpotQA (task.data_dir or the hub): the embedded profile runs the 8 synthetic tasks and its
-Table 1 averages those.
+Table 1 averages those. Embedded: Tactic falls well under Full although it attends about as many tokens
+as Quest 416; the same selection cut by exact mass along Tactic's cluster order gives Full's answers,
+so the loss is the fitted per-head budget (a heavy token deep in the list, or a curve that reaches zero
+and drops a long tail): notes/tactic_ruler.md.
 """
 
 
