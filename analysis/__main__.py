@@ -27,7 +27,8 @@ Options: --profile paper|embedded (default embedded), --launcher local|submitit_
 --results DIR (default results/runs), --rows DIR (default results/rows), --bench DIR (default
 results/bench), --out DIR (default results), --dry-run (print the commands; write nothing),
 --replace (let a render replace a table that holds more results), --force (bench: every file),
---jobs N (run, local launcher: N processes at once, each over its round-robin share of the cells).
+--jobs N (run, local launcher: N processes at once, each over its round-robin share of the cells; on a
+  machine of several GPUs each process gets the least busy one, CUDA_VISIBLE_DEVICES).
 Hydra overrides after `--` are added to every run of the sweep and to the matching, e.g.
 `python -m analysis make tidal.table1 --profile paper -- task.haystack_dir=/data/pg19_mini.jsonl`.
 Exit code 2 with one line for an unknown or not yet implemented item, nothing to render from, or a
