@@ -40,12 +40,13 @@ def test_launch_spreads_processes_over_the_visible_gpus(tmp_path, monkeypatch):
     process takes GPU 0 and a 4-GPU sweep runs at a quarter of its speed."""
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,5")
     log = tmp_path / "events"
-    body = ("import os, sys, time; f = open(sys.argv[1], 'a'); f.write(os.environ['CUDA_VISIBLE_DEVICES'] + '\\n');"
-            " f.close(); time.sleep(float(sys.argv[2]))")
+    body = ("import os, sys, time; f = open(sys.argv[1], 'a'); f.write(sys.argv[3] + ' ' + os.environ['CUDA_VISIBLE_DEVICES']"
+            " + '\\n'); f.close(); time.sleep(float(sys.argv[2]))")
     # 3 at once: 2, 5, 2; the short one on 5 ends first, so the 4th goes to 5, not to 2 again
-    cmds = [[sys.executable, "-c", body, str(log), s] for s in ("1.5", "0.1", "1.5", "0.1")]
+    cmds = [[sys.executable, "-c", body, str(log), s, str(i)] for i, s in enumerate(("1.5", "0.1", "1.5", "0.1"))]
     assert launch(cmds, jobs=3) == 0
-    assert log.read_text().split() == ["2", "5", "2", "5"]
+    got = dict(line.split() for line in log.read_text().splitlines())      # processes write in any order
+    assert [got[str(i)] for i in range(4)] == ["2", "5", "2", "5"]
 
 
 def test_launch_leaves_a_single_gpu_alone(tmp_path, monkeypatch):
