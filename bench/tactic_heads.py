@@ -30,10 +30,11 @@ def fit_curve(u1, mu1, u2, mu2):
 
 def record(self, layer, probs, lengths, attended, mass, list_probs, e_mass, n_e, z_ratio):
     _record(self, layer, probs, lengths, attended, mass, list_probs, e_mass, n_e, z_ratio)
-    if self.step != 1 or list_probs is None or z_ratio is None or layer in seen:
+    curve = _last.pop("curve", None)   # this layer's fit (none where the list fits in the exact head)
+    if self.step != 1 or list_probs is None or z_ratio is None or curve is None or layer in seen:
         return         # the first sample's first step only (the probe restarts its steps per sample)
     seen.add(layer)
-    a, b, mu1, mu2 = _last["curve"]
+    a, b, mu1, mu2 = curve
     lp = list_probs[0].float().cpu()
     for h in range(lp.shape[0]):
         e = float(e_mass[0, h])
