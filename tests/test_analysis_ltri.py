@@ -120,3 +120,21 @@ def test_table4_from_benchmark_json(tmp_path):
     assert f"{(4 * 64 + 28 * 32) * gib:.3f} (0.027)" in x32 and f"{(4 * 64 + 28 * 16) * gib:.3f} (0.012)" in x32
     assert "layers 0-3" not in x32 and "layers 0-3 (λ=20) | " + f"{64 * gib:.3f}" in md
     assert "| StreamingLLM (128 sinks + 4096 window) | 0.000" in x32
+
+
+def test_ablation_fig14_keeps_each_cap_apart(tmp_path):
+    """Fig. 14's table is keyed by (M, lambda): the capped runs (M=5, with the base run as lambda 3) and the
+    embedded profile's uncapped lambda sweep (M=32) are separate series, not averaged into one lambda row."""
+    results = tmp_path / "runs"
+    impl = catalogue.get("ltri.fig10-14").impl
+    cells = expand(impl.sweeps["embedded"], [], impl.label)
+    assert sum(c.values.get("method.max_vectors") == 32 for c in cells) == 8      # lambda 3..10 uncapped
+    for c in cells:
+        m, lam = c.values["method.max_vectors"], c.values.get("method.lam", 3)
+        vpb = {"4": min(m, 32 - 2 * lam), "5": min(m, 30 - 2 * lam)}
+        _write_run(results, c.values, [{"params": {}, "metrics": {"accuracy": 1.0},
+                                        "attended": {"vectors_per_block": vpb}}] * 3)
+    md = _render("ltri.fig10-14", tmp_path, results)
+    assert "| 5 | 3 | 5.00 |" in md and "| 5 | 10 | 5.00 |" in md
+    assert "| 32 | 3 | 25.00 |" in md and "| 32 | 10 | 11.00 |" in md
+    assert "lambda=10, M=32" in md and "lambda=10, M=5" in md

@@ -143,17 +143,23 @@ FIG8 = Impl(
 
 # --- Figs. 10-14: ablations -----------------------------------------------------------------------
 ABL_LENGTHS = {"paper": [100000], "embedded": [6144]}
+# Figs. 12/14 sweep lambda; it binds only while Eq. 7's counts stay under the cap M. The embedded block (32
+# tokens, M=5) keeps the cap at every lambda (runs at M=5 gave 5.00 vectors per block for lambda 3-10), so the
+# embedded profile sweeps lambda again with no cap (M = the block size); the M=5 runs stay as their own rows.
+LAM_UNCAPPED = {"paper": [], "embedded": ["method.max_vectors=32"]}
 
 
 def _ablations(p: str) -> list[list[str]]:
     core = [*niah(p, ABL_LENGTHS[p]), *LTRI_CORE[p], RESTRICT[p]]
     q, lam, omega = "method.last_chunk=32", "method.lam=3", "method.ratio_mode=row"
-    return [[*core, RH[p], q, lam, omega, "method.persistent=true,false", "method.voting=true,false"],  # Fig. 10
+    return ([[*core, RH[p], q, lam, omega, "method.persistent=true,false", "method.voting=true,false"],  # Fig. 10
             [*core, "method.retrieval_heads=[]", q, lam, omega, "method.persistent=true,false",
              "method.voting=true,false"],                                                 # Fig. 10 without RH
             [*core, RH[p], lam, omega, "method.last_chunk=16,64,128,256,512"],            # Fig. 11 (32: the base)
             [*core, RH[p], q, omega, "method.lam=4,5,6,7,8,9,10"],                        # Figs. 12, 14
             [*core, RH[p], q, lam, "method.ratio_mode=col,rowcol"]]                       # Fig. 13
+            + ([[*[o for o in core if not o.startswith("method.max_vectors=")], *LAM_UNCAPPED[p], RH[p], q, omega,
+                 "method.lam=3,4,5,6,7,8,9,10"]] if LAM_UNCAPPED[p] else []))              # Figs. 12, 14 uncapped
 
 
 def _ablation_label(v: dict):
@@ -163,8 +169,8 @@ def _ablation_label(v: dict):
                            f"V={'on' if v['method.voting'] else 'off'}", "accuracy")
     if "method.last_chunk" in v and v["method.last_chunk"] != 32:
         return ("Fig. 11", f"Q={v['method.last_chunk']}", "accuracy")
-    if v.get("method.lam", 3) != 3:
-        return ("Fig. 12", f"lambda={v['method.lam']:g}", "accuracy")
+    if v.get("method.lam", 3) != 3 or v.get("method.max_vectors") == 32:
+        return ("Fig. 12", f"lambda={v['method.lam']:g}, M={v.get('method.max_vectors')}", "accuracy")
     if v.get("method.ratio_mode", "row") != "row":
         return ("Fig. 13", f"Omega={v['method.ratio_mode']}", "accuracy")
     return ("Fig. 11", "Q=32", "accuracy")                        # the base run: Q=32, lambda 3, row

@@ -4,6 +4,7 @@ of the runs behind the frame (df.attrs["runs"]: the committed compact rows keep 
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 import pandas as pd
@@ -156,20 +157,25 @@ def ablations(item, impl, df, profile, out):
     md = (render.header(item, impl, profile, df)
           + render.markdown_tables(df, col_name=lambda c: "accuracy %", row_title="variant")
           + "\nFigs. 11-13 share the base run (Q=32, lambda 3, Omega row, P/RH/V on): Fig. 10's first row.\n")
+    # Fig. 14 per (M, lambda): Fig. 12's rows name both; the base run (Fig. 10's first row) is lambda 3 at the
+    # profile's M
+    base_m = next((o.split("=")[1] for o in impl.sweeps[profile][0] if o.startswith("method.max_vectors=")), "?")
     per_lam: dict = {}
     for row, _, rows in _cells(df):
-        lam = 3.0 if row.startswith("P=on, RH, V=on") else (float(row.split("=")[1]) if row.startswith("lambda") else None)
-        if lam is None:
+        m = re.fullmatch(r"lambda=([\d.]+), M=(\d+)", row)
+        key = (base_m, 3.0) if row.startswith("P=on, RH, V=on") else ((m.group(2), float(m.group(1))) if m else None)
+        if key is None:
             continue
         for r in rows:
             vpb = (r.get("attended") or {}).get("vectors_per_block") or {}
             for layer, v in vpb.items():
-                per_lam.setdefault(lam, {}).setdefault(int(layer), []).append(v)
+                per_lam.setdefault(key, {}).setdefault(int(layer), []).append(v)
+    series = sorted(per_lam, key=lambda k: (int(k[0]) if k[0].isdigit() else 0, k[1]))
     lines = ["\n### Fig. 14: index vectors per block (mean over layers; per layer in the figure)\n",
-             "| lambda | vectors / block |", "|---|---|"]
-    for lam in sorted(per_lam):
-        means = [np.mean(v) for v in per_lam[lam].values()]
-        lines.append(f"| {lam:g} | {np.mean(means):.2f} |")
+             "| M (cap per block) | lambda | vectors / block |", "|---|---|---|"]
+    for cap, lam in series:
+        means = [np.mean(v) for v in per_lam[(cap, lam)].values()]
+        lines.append(f"| {cap} | {lam:g} | {np.mean(means):.2f} |")
     md += "\n".join(lines) + "\n\nPaper (plots only):\n" + _fact_lines(item.key)
     plt = render._plt()
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.4), squeeze=False)
@@ -180,9 +186,10 @@ def ablations(item, impl, df, profile, out):
     ax.tick_params(labelsize=6)
     ax.set_xlabel("accuracy %")
     ax = axes[0][1]
-    for lam in sorted(per_lam):
-        layers = sorted(per_lam[lam])
-        ax.plot(layers, [np.mean(per_lam[lam][x]) for x in layers], marker=".", label=f"lambda={lam:g}")
+    for cap, lam in series:
+        layers = sorted(per_lam[(cap, lam)])
+        ax.plot(layers, [np.mean(per_lam[(cap, lam)][x]) for x in layers], marker=".",
+                linestyle=":" if cap == base_m else "-", label=f"M={cap}, lambda={lam:g}")
     ax.set_xlabel("layer")
     ax.set_ylabel("index vectors / block")
     if per_lam:
