@@ -13,10 +13,11 @@ Table 2 protocol, decided from the paper (there is no public script):
     the last 32 decoded tokens every 32 tokens, the paper's words);
   * TidalDecode: our tidal has a fixed budget only, so its rows run K=4096 (paper: half the sequence);
     its cache correction is the same correction_interval=32.
-Embedded profile: SmolLM2-135M cannot solve these sets at all (all-zero rows say nothing), so the
-rows run MATH-500 level 1 (the easiest 43 problems; ../shared/data/math500) with the protocol
-unchanged, max_new_tokens 512, sinks/recent scaled to the short sequences (16 + 32) and TidalDecode
-K = 256; the table says so.
+Embedded profile: SmolLM2-135M cannot solve these sets at all, so the rows run MATH-500 level 1 (the
+easiest 43 problems; ../shared/data/math500) with the protocol unchanged. Measured: full attention solves
+none of them either (0/43, one output boxed), nor 6 one-step sums (notes/lychee_math.md), so the embedded
+rows are all zero and compare nothing; the paper profile is the reproduction. Settings: max_new_tokens
+512, sinks/recent scaled to the short sequences (16 + 32) and TidalDecode K = 256; the table says so.
 """
 from __future__ import annotations
 
@@ -73,7 +74,9 @@ of the sequence: our tidal has no length-proportional budget. LycheeDecode uses 
 of the model (methods/heads/<model>-passkey-hardkuma.json; the R1 models have none yet: train one with
 `python -m runners.train_heads model=r1_llama_8b`).
 Embedded profile: MATH-500 level 1 (43 problems) stands in for the four sets, which SmolLM2-135M
-cannot solve at all; protocol unchanged (R1 prompt, greedy, last boxed + math-verify), max_new_tokens
+cannot solve at all. It cannot solve these either: Full is 0/43 with 1 output boxed, and 0/6 on one-step
+sums such as "What is $2+3$?" (notes/lychee_math.md), so every embedded cell is 0 and the rows compare
+nothing. Protocol unchanged (R1 prompt, greedy, last boxed + math-verify), max_new_tokens
 512, LycheeDecode ratio 0.5 with 16 sinks + 32 recent (the reference's 128 + 256 would cover most of
 these ~600-token sequences), TidalDecode K=256.
 """
@@ -115,9 +118,10 @@ TABLE2 = Impl(
     paper=paper_rows("lychee.table2"),
     setup={"paper": "R1-Distill-Llama-8B and -Qwen-7B, greedy, 128 problems (AIME24: 30), max_new_tokens 32768; "
                     "LycheeDecode ratio 0.5, TidalDecode K=4096, cache correction every 32 tokens.",
-           "embedded": "SmolLM2-135M-Instruct on MATH-500 level 1 (43 problems SmolLM2 can solve at all; stands "
-                       "in for the paper's four sets), greedy, max_new_tokens 512; LycheeDecode ratio 0.5 with 16 "
-                       "sinks + 32 recent and its committed head file, TidalDecode K=256, cache correction every 32."},
+           "embedded": "SmolLM2-135M-Instruct on MATH-500 level 1 (43 problems; stands in for the "
+                       "paper's four sets, yet full attention solves none: notes/lychee_math.md), greedy, "
+                       "max_new_tokens 512; LycheeDecode ratio 0.5 with 16 sinks + 32 recent and its committed head "
+                       "file, TidalDecode K=256, cache correction every 32."},
     paper_setup=setup_text("lychee.table2"),
     metric="correct",
 )
