@@ -101,6 +101,9 @@ def _history_complete() -> str | None:
     return None
 
 
+# Three minutes on the 2-core CI machine (every item, figures included): a third of `make test`, so it runs in
+# `make test-long` (CI runs both); `make tables` before committing a table is the everyday check.
+@pytest.mark.long
 def test_every_committed_table_rerenders_byte_for_byte(tmp_path, capsys):
     """`make tables` on a fresh clone: from the committed rows and benchmark JSON only (no results/
     runs, no model), every committed table comes out identical; a committed table without rows
