@@ -20,7 +20,8 @@ ENGINE_CODE = ("bench/engine.py", "runners/engine.py", "runners/graphs.py", "run
                "runners/models.py", "methods/full.py", "methods/base.py", "methods/config.py", "methods/stores.py",
                "methods/rope.py", "kernels/_common.py", "kernels/attention.py", "kernels/prefill.py", "kernels/fused.py")
 TACTIC_CODE = ENGINE_CODE + ("bench/tactic.py", "methods/tactic.py", "methods/tactic_select.py",
-                             "kernels/tactic_select.py", "methods/kmeans.py", "methods/quest.py", "methods/tidal.py")
+                             "kernels/tactic_select.py", "methods/kmeans.py", "kernels/kmeans.py", "methods/quest.py",
+                             "methods/tidal.py")
 # Benchmark files that no catalogue item renders but the README or an issue's bar quotes (engine vs HF
 # StaticCache; bounded-cache decode at 1M vs full at the cache size; Tactic's clustering cost and decode).
 HARNESS_FILES = [

@@ -8,12 +8,15 @@ L2-normalised key and centroid instead (the ClusterKV-style variant); centroids 
 
 The random initial keys come from a CPU generator seeded by the caller, then move to the device:
 the same seed picks the same keys on every device, so a CPU run and a CUDA run cluster alike.
-Assignment runs in blocks of keys (`block` x clusters scores at a time), never [n, k] whole: at 128K
-keys and 4K clusters per head the full score matrix would be 2 GiB per head.
+Assignment (kernels/kmeans.py) never holds the [n, k] scores whole: at 128K keys and 4K clusters per
+head they would be 2 GiB per head; the GPU kernel keeps one tile in registers, the torch reference
+works in blocks of keys.
 """
 from __future__ import annotations
 
 import torch
+
+from kernels.kmeans import kmeans_assign
 
 METRICS = ("dot", "cosine")
 
@@ -24,19 +27,16 @@ def init_indices(groups: int, n: int, k: int, seed: int) -> torch.Tensor:
     return torch.stack([torch.randperm(n, generator=gen)[:k] for _ in range(groups)])
 
 
-def assign(x: torch.Tensor, c: torch.Tensor, metric: str = "dot", block: int = 8192) -> torch.Tensor:
-    """Index of the best centroid per key: x [G, n, D], c [G, k, D] -> int64 [G, n]."""
+def assign(x: torch.Tensor, c: torch.Tensor, metric: str = "dot") -> torch.Tensor:
+    """Index of the best centroid per key: x [G, n, D], c [G, k, D] -> int64 [G, n] (kernels.kmeans_assign:
+    fp32 scores of x.dtype inputs, ties to the lowest index; one Triton kernel on the GPU)."""
     if metric == "cosine":
         x = torch.nn.functional.normalize(x.float(), dim=-1).to(x.dtype)
         c = torch.nn.functional.normalize(c.float(), dim=-1)
-    ct = c.to(x.dtype).transpose(1, 2)
-    out = torch.empty(x.shape[:2], dtype=torch.long, device=x.device)
-    for s in range(0, x.shape[1], block):
-        out[:, s:s + block] = torch.bmm(x[:, s:s + block], ct).argmax(-1)
-    return out
+    return kmeans_assign(x, c)
 
 
-def kmeans(x: torch.Tensor, k: int, iters: int, seed: int = 0, metric: str = "dot", block: int = 8192,
+def kmeans(x: torch.Tensor, k: int, iters: int, seed: int = 0, metric: str = "dot",
            init_period: int | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
     """Cluster G independent sets of n keys, x [G, n, D], into k clusters each.
 
@@ -62,7 +62,7 @@ def kmeans(x: torch.Tensor, k: int, iters: int, seed: int = 0, metric: str = "do
     xf = x.float().reshape(G * n, D)
     base = (torch.arange(G, device=x.device) * k).view(G, 1)   # cluster j of group g -> row g*k + j
     for ran in range(1, max(1, int(iters)) + 1):
-        a = assign(x, c, metric, block)
+        a = assign(x, c, metric)
         if prev is not None and torch.equal(a, prev):   # converged: the centroids would not move
             ran -= 1
             break
