@@ -40,7 +40,7 @@ import torch
 
 import kernels
 from common.errors import ConfigError
-from kernels.tactic_select import select_cluster_tokens
+from kernels.tactic_select import list_positions, rank, select_cluster_tokens
 from methods import selection
 from methods.base import Method, register
 from methods.config import ChunkedPrefill, layer_range, option
@@ -51,10 +51,8 @@ from methods.tactic_probe import Probe, diagnose, reach, report
 from methods.tactic_select import (
     fit_curve,
     harmonic,
-    list_positions,
     min_count,
     per_row,
-    rank,
     rows_gather_vec,
     tail_mass,
     top_p_sorted,

@@ -11,9 +11,8 @@ from __future__ import annotations
 
 import torch
 
-# The ranking and the list unpacking are the reference of the fused selection kernel (kernels must
-# not import methods): defined there, re-exported here with the rest of Tactic's selection rules.
-from kernels.tactic_select import Ranking, list_positions, rank, rows_gather  # noqa: F401
+# The ranking and the list unpacking (`rank`, `list_positions`) live in kernels/tactic_select.py: they
+# are the reference of the fused selection kernel, and kernels must not import methods.
 
 
 def rows_gather_vec(src: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
