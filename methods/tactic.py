@@ -87,6 +87,8 @@ class TacticConfig(ChunkedPrefill):
                            "(clamped into the tail after the exact head)", min=0.0, max=1.0)
     fit_hi: float = option(0.5, "centre of the second fit window (fraction of the sorted list)", min=0.0, max=1.0)
     fit_window: int = option(16, "list tokens scored exactly and averaged per fit window", min=1)
+    tail: str = option("clip", "the fitted tail's sum: clip (y = a/x + b counted while positive) or literal "
+                       "(Algorithm 1's sum of w_i = a/i + b as is, negative past a/-b)", choices=("clip", "literal"))
     sink: int = option(0, "first tokens always attended and scored exactly (not clustered)", min=0)
     window: int = option(0, "last prefill tokens kept exact, out of the clusters (decoded tokens always are "
                          "until clustered)", min=0)
@@ -120,7 +122,7 @@ class TacticConfig(ChunkedPrefill):
                              f"not yet clustered; always attended, counted in the budget",
                 "fit": (f"exact head {self.exact_head} list tokens; y=a/x+b on exp(q.k/sqrt(d)), x = 1-based list "
                         f"rank, through the means of {self.fit_window} tokens at {self.fit_lo}/{self.fit_hi} "
-                        f"of the list") if self.mode == "fit" else None,
+                        f"of the list, tail {self.tail}") if self.mode == "fit" else None,
                 "clustering": f"k-means ({self.metric}) after the prefill, {self.cluster_size} tokens per cluster, "
                               f"<= {self.kmeans_iters} iterations" + (f", again every {self.recluster_every} steps "
                                                                        f"({self.recluster})" if self.recluster_every
@@ -131,7 +133,7 @@ class TacticConfig(ChunkedPrefill):
     def variants(cls):
         small = {"cluster_size": 4, "exact_head": 4, "fit_window": 2}
         # seed 1 in the 2nd: seed 0 makes two clusters tie exactly in fp32 alone, broken the other way batched
-        return [{**small, "target": 0.7},
+        return [{**small, "target": 0.7, "tail": "literal"},
                 {**small, "mode": "topk", "budget": 16, "select": "kv_head", "sink": 2, "window": 3, "seed": 1,
                  "recluster_every": 6},
                 {"mode": "oracle_global", "target": 0.8, "select": "kv_head"},
@@ -346,11 +348,11 @@ class Tactic(Method):
             w = self.w
             a, b = fit_curve(self.u[0], e[..., E + nh:E + nh + w].mean(-1), self.u[1], e[..., E + nh + w:].mean(-1))
 
-        def mass_at(k):
+        def mass_at(k, rising=True):
             h = head_cum.gather(-1, k.clamp(max=nh).unsqueeze(-1)).squeeze(-1)
-            return z_e + h + (tail_mass(a, b, nh, k, self.harm) if self.u is not None else 0.0)
+            return z_e + h + (tail_mass(a, b, nh, k, self.harm, c.tail, rising) if self.u is not None else 0.0)
 
-        total = mass_at(torch.full_like(z_e, self.n_tok, dtype=torch.long))
+        total = mass_at(torch.full_like(z_e, self.n_tok, dtype=torch.long), rising=False)
         return min_count(mass_at, c.target * total, self.n_tok), (total, shift.squeeze(-1))
 
     def _exact(self, layer, q1):

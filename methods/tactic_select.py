@@ -39,12 +39,17 @@ def fit_curve(u1: float, mu1: torch.Tensor, u2: float, mu2: torch.Tensor) -> tup
     return torch.where(flat, torch.zeros_like(a), a), b
 
 
-def tail_mass(a: torch.Tensor, b: torch.Tensor, lo: int, hi: torch.Tensor, harm: torch.Tensor) -> torch.Tensor:
-    """Sum of max(a/x + b, 0) over x = lo+1 .. hi (1-based list ranks; hi int64 >= lo, same shape as a),
-    in closed form with harmonic numbers harm[x] = 1 + 1/2 + .. + 1/x. Where b < 0 the curve reaches 0
-    at x0 = a / -b and contributes nothing beyond."""
+def tail_mass(a: torch.Tensor, b: torch.Tensor, lo: int, hi: torch.Tensor, harm: torch.Tensor,
+              tail: str = "clip", rising: bool = True) -> torch.Tensor:
+    """Fitted mass of list ranks x = lo+1 .. hi (1-based; hi int64 >= lo, same shape as a), in closed form
+    with harmonic numbers harm[x] = 1 + 1/2 + .. + 1/x. Where b < 0 the curve reaches 0 at x0 = a / -b.
+    tail="clip": sum of max(a/x + b, 0), nothing past x0. tail="literal": Algorithm 1 as written, sum of
+    a/x + b as is, negative past x0; its running sum then rises to x0 and falls after, so with `rising`
+    hi is cut at x0 (the first k reaching a target lies on the rising part: the bisection's mass_at)
+    and without it (the denominator, all n ranks) the whole sum is taken."""
     stop = torch.where(b < 0, torch.floor(a / (-b).clamp_min(1e-30)), torch.full_like(a, float(harm.numel())))
-    top = torch.minimum(hi, stop.clamp(max=harm.numel() - 1).long()).clamp(min=lo)
+    cut = tail == "clip" or rising
+    top = (torch.minimum(hi, stop.clamp(max=harm.numel() - 1).long()) if cut else hi).clamp(min=lo)
     return a * (harm[top] - harm[lo]).to(a.dtype) + b * (top - lo).to(a.dtype)
 
 

@@ -279,6 +279,27 @@ def test_planted_clusters_full_target_equals_dense():
 
 # --- closed forms ------------------------------------------------------------------------------------
 
+@pytest.mark.parametrize("seed", range(6))
+def test_literal_tail_budget_is_algorithm_1_as_written(seed):
+    """tail=literal: K = the smallest k with sum_{i<=k} w_i >= T * sum_{i<=n} w_i, w_i exact for the first N
+    list ranks and a/i + b after (negative past a/-b), computed here by a plain loop; the clipped tail's K
+    is never smaller (its denominator drops the negative terms)."""
+    g = torch.Generator().manual_seed(seed)
+    n, N, T = 400, 8, 0.9
+    head = torch.rand(N, generator=g) * 3
+    a, b = float(torch.rand(1, generator=g)) * 4 + 1, -float(torch.rand(1, generator=g)) * 0.03
+    w = [float(x) for x in head] + [a / i + b for i in range(N + 1, n + 1)]
+    want = next(k for k in range(n + 1) if sum(w[:k]) >= T * sum(w) - 1e-9)
+    harm = harmonic(n, torch.device("cpu"))
+    head_cum = torch.cat([torch.zeros(1), head.cumsum(0)])
+    ks = {}
+    for tail in ("literal", "clip"):
+        def mass_at(k, rising=True):
+            return head_cum[k.clamp(max=N)] + tail_mass(torch.tensor([a]), torch.tensor([b]), N, k, harm, tail, rising)
+        total = mass_at(torch.tensor([n]), rising=False)
+        ks[tail] = int(min_count(mass_at, T * total, n))
+    assert ks["literal"] == want and ks["clip"] >= ks["literal"]     # e.g. seed 0: 18 against 39
+
 def test_tail_sum_fit_and_bisection_match_explicit_sums():
     g = torch.Generator().manual_seed(0)
     harm = harmonic(500, torch.device("cpu"))
@@ -292,6 +313,13 @@ def test_tail_sum_fit_and_bisection_match_explicit_sums():
     assert torch.allclose(a * 0.5 + b, torch.tensor([3.0])) and torch.allclose(a * 0.1 + b, torch.tensor([1.0]))
     a, b = fit_curve(0.5, torch.tensor([1.0]), 0.1, torch.tensor([3.0]))   # rising: flat fallback
     assert float(a) == 0 and float(b) == 2.0
+    for _ in range(50):            # literal: a/x + b as is (negative past a/-b); `rising` cuts at a/-b
+        a, b = float(torch.rand(1, generator=g)) * 5, -float(torch.rand(1, generator=g)) * 0.05
+        lo, hi = int(torch.randint(0, 50, (1,), generator=g)), int(torch.randint(100, 500, (1,), generator=g))
+        ta, tb, th = torch.tensor([a]), torch.tensor([b]), torch.tensor([hi])
+        want = sum(a / x + b for x in range(lo + 1, hi + 1))
+        assert abs(float(tail_mass(ta, tb, lo, th, harm, "literal", rising=False)) - want) <= 1e-4 * max(1.0, abs(want))
+        assert torch.equal(tail_mass(ta, tb, lo, th, harm, "literal"), tail_mass(ta, tb, lo, th, harm))
     w = torch.rand(300, generator=g)
     cum = torch.cat([torch.zeros(1), w.cumsum(0)])
     for t in torch.rand(20, generator=g) * float(cum[-1]):
