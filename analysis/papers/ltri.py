@@ -184,7 +184,9 @@ FIG10_14 = Impl(
     render=R.ablations,
     setup={p: SETUP_NOTE[p] + f" One length ({ABL_LENGTHS[p][0]}), needle restricted to one block; base: Q=32, "
            "lambda 3, Omega row, persistent, voting, retrieval heads. Fig. 14 = the index vectors per block "
-           "each run stored, per layer." for p in MEMORY},
+           "each run stored, per layer." + (" Figs. 12/14 twice: at this profile's cap M=5 vectors per block (every "
+           "lambda keeps 5) and uncapped (M=32, the block size), where lambda binds." if LAM_UNCAPPED[p] else "")
+           for p in MEMORY},
     paper_setup="Llama-3-8B-Instruct-262K, NIAH with the one-block restriction; Omega row, Q 32, lambda 3.",
 )
 
