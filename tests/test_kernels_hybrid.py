@@ -4,23 +4,13 @@ references: in Triton's interpreter on small shapes (CPU), and at the Llama-3-8B
 that are not multiples of anything; NaN in every slot nothing wrote and in every kernel buffer."""
 from __future__ import annotations
 
-import os
-
+import pytest
 import torch
+from triton_env import DEV, needs_triton
 
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
+from kernels import hybrid as H
 
-import pytest  # noqa: E402
-
-import kernels  # noqa: E402
-from kernels import _common, hybrid as H  # noqa: E402
-
-pytestmark = pytest.mark.skipif(
-    not (kernels.HAVE_TRITON and (torch.cuda.is_available() or _common.interpreter_active())),
-    reason="triton missing, or imported before TRITON_INTERPRET=1 could be set (run this module alone)")
-
-DEV = "cuda" if torch.cuda.is_available() else "cpu"
+pytestmark = needs_triton
 
 
 @pytest.fixture(autouse=True)

@@ -4,22 +4,13 @@ within tiles, bf16 keys scored in fp32, and the dispatcher's shape rule. Interpr
 real shape (8 KV heads x 32K keys x 128, 1024 clusters) with `-m gpu`."""
 from __future__ import annotations
 
-import os
-
+import pytest
 import torch
+from triton_env import DEV, needs_triton
 
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
+from kernels import kmeans as KM
 
-import pytest  # noqa: E402
-
-import kernels  # noqa: E402
-from kernels import _common, kmeans as KM  # noqa: E402
-
-pytestmark = pytest.mark.skipif(
-    not (kernels.HAVE_TRITON and (torch.cuda.is_available() or _common.interpreter_active())),
-    reason="triton missing, or imported before TRITON_INTERPRET=1 could be set (run this module alone)")
-DEV = "cuda" if torch.cuda.is_available() else "cpu"
+pytestmark = needs_triton
 
 
 def keys(G, n, k, D, seed, dtype=torch.float32):

@@ -7,23 +7,12 @@ reference itself against plain Python (stable descending sort, unpack, first K).
 CPU; Llama-3.1-8B's shape at 128K (4096 clusters) with `-m gpu`."""
 from __future__ import annotations
 
-import os
-
-import torch
-
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-
 import pytest
+import torch
+from triton_env import DEV, needs_triton
 
-import kernels
 from kernels import _common
 from kernels import tactic_select as TS
-
-needs_triton = pytest.mark.skipif(
-    not (kernels.HAVE_TRITON and (torch.cuda.is_available() or _common.interpreter_active())),
-    reason="triton missing, or imported before TRITON_INTERPRET=1 could be set (run this module alone)")
-DEV = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def index_for(B, Hkv, C, cmax, sizes_of, seed, sink=2, window=5):

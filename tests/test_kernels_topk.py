@@ -4,22 +4,14 @@ torch.topk op: same sets on distinct scores, deterministic lowest-position ties,
 on the CPU; real shapes (128K, B*H = 256 rows) with `-m gpu`."""
 from __future__ import annotations
 
-import os
-
+import pytest
 import torch
+from triton_env import DEV, needs_triton
 
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
+import kernels
+from kernels import topk as T
 
-import pytest  # noqa: E402
-
-import kernels  # noqa: E402
-from kernels import _common, topk as T  # noqa: E402
-
-pytestmark = pytest.mark.skipif(
-    not (kernels.HAVE_TRITON and (torch.cuda.is_available() or _common.interpreter_active())),
-    reason="triton missing, or imported before TRITON_INTERPRET=1 could be set (run this module alone)")
-DEV = "cuda" if torch.cuda.is_available() else "cpu"
+pytestmark = needs_triton
 
 
 def scores_for(B, H, S, lens, seed, ties=False, forced=()):

@@ -10,7 +10,7 @@
    estimated softmax denominator is within 1% of the exact one and the attended mass reaches the
    target within 0.005, for P = 0.5/0.9/0.99; through k-means (which merges some planted clusters)
    within 12% and 0.02. P = 1 equals full attention.
-3. The closed forms (tail sum with harmonic numbers, bisection) against explicit sums.
+Its building blocks (the closed forms, k-means) are tested in test_methods_tactic_parts.py.
 """
 from __future__ import annotations
 
@@ -24,7 +24,6 @@ from tiny_models import tiny
 
 from methods import ModelInfo, Step, build
 from methods.rope import Rope
-from methods.tactic_select import fit_curve, harmonic, min_count, tail_mass
 
 
 def _clusters(method, layer, b, h):
@@ -275,109 +274,6 @@ def test_planted_clusters_full_target_equals_dense():
     ref = masked_attention(q, k, v, torch.ones(1, 2, 1, k.shape[2], dtype=torch.bool), info.scaling)
     assert (out - ref).abs().max().item() <= 1e-5
     assert m.stats()["sample_metrics"]["mass_obtained"] >= 1 - 1e-5
-
-
-# --- closed forms ------------------------------------------------------------------------------------
-
-@pytest.mark.parametrize("seed", range(6))
-def test_literal_tail_budget_is_algorithm_1_as_written(seed):
-    """tail=literal: K = the smallest k with sum_{i<=k} w_i >= T * sum_{i<=n} w_i, w_i exact for the first N
-    list ranks and a/i + b after (negative past a/-b), computed here by a plain loop; the clipped tail's K
-    is never smaller (its denominator drops the negative terms)."""
-    g = torch.Generator().manual_seed(seed)
-    n, N, T = 400, 8, 0.9
-    head = torch.rand(N, generator=g) * 3
-    a, b = float(torch.rand(1, generator=g)) * 4 + 1, -float(torch.rand(1, generator=g)) * 0.03
-    w = [float(x) for x in head] + [a / i + b for i in range(N + 1, n + 1)]
-    want = next(k for k in range(n + 1) if sum(w[:k]) >= T * sum(w) - 1e-9)
-    harm = harmonic(n, torch.device("cpu"))
-    head_cum = torch.cat([torch.zeros(1), head.cumsum(0)])
-    ks = {}
-    for tail in ("literal", "clip"):
-        def mass_at(k, rising=True):
-            return head_cum[k.clamp(max=N)] + tail_mass(torch.tensor([a]), torch.tensor([b]), N, k, harm, tail, rising)
-        total = mass_at(torch.tensor([n]), rising=False)
-        ks[tail] = int(min_count(mass_at, T * total, n))
-    assert ks["literal"] == want and ks["clip"] >= ks["literal"]     # e.g. seed 0: 18 against 39
-
-def test_tail_sum_fit_and_bisection_match_explicit_sums():
-    g = torch.Generator().manual_seed(0)
-    harm = harmonic(500, torch.device("cpu"))
-    for _ in range(50):
-        a, b = float(torch.rand(1, generator=g)) * 5, float(torch.randn(1, generator=g)) * 0.02
-        lo, hi = int(torch.randint(0, 100, (1,), generator=g)), int(torch.randint(100, 500, (1,), generator=g))
-        got = tail_mass(torch.tensor([a]), torch.tensor([b]), lo, torch.tensor([hi]), harm)
-        want = sum(max(a / x + b, 0.0) for x in range(lo + 1, hi + 1))
-        assert abs(float(got) - want) <= 1e-4 * max(1.0, want)
-    a, b = fit_curve(0.5, torch.tensor([3.0]), 0.1, torch.tensor([1.0]))   # through (u=.5, 3) and (u=.1, 1)
-    assert torch.allclose(a * 0.5 + b, torch.tensor([3.0])) and torch.allclose(a * 0.1 + b, torch.tensor([1.0]))
-    a, b = fit_curve(0.5, torch.tensor([1.0]), 0.1, torch.tensor([3.0]))   # rising: flat fallback
-    assert float(a) == 0 and float(b) == 2.0
-    for _ in range(50):            # literal: a/x + b as is (negative past a/-b); `rising` cuts at a/-b
-        a, b = float(torch.rand(1, generator=g)) * 5, -float(torch.rand(1, generator=g)) * 0.05
-        lo, hi = int(torch.randint(0, 50, (1,), generator=g)), int(torch.randint(100, 500, (1,), generator=g))
-        ta, tb, th = torch.tensor([a]), torch.tensor([b]), torch.tensor([hi])
-        want = sum(a / x + b for x in range(lo + 1, hi + 1))
-        assert abs(float(tail_mass(ta, tb, lo, th, harm, "literal", rising=False)) - want) <= 1e-4 * max(1.0, abs(want))
-        assert torch.equal(tail_mass(ta, tb, lo, th, harm, "literal"), tail_mass(ta, tb, lo, th, harm))
-    w = torch.rand(300, generator=g)
-    cum = torch.cat([torch.zeros(1), w.cumsum(0)])
-    for t in torch.rand(20, generator=g) * float(cum[-1]):
-        k = min_count(lambda kk: cum[kk], t.view(1), 300)
-        assert float(cum[k]) >= float(t) and (int(k) == 0 or float(cum[k - 1]) < float(t))
-
-
-def test_kmeans_is_a_lloyd_fixed_point_with_dot_product_assignment():
-    """Converged k-means: every key sits in the cluster of highest dot product with its centroid, and
-    every non-empty centroid is the mean of its keys; the initial picks depend on the seed only."""
-    from methods.kmeans import init_indices, kmeans
-
-    x = torch.randn(3, 300, 16, generator=torch.Generator().manual_seed(1))
-    c, a, sizes, ran = kmeans(x, 12, iters=100, seed=5)
-    assert ran < 100                                                   # converged
-    assert torch.equal(a, torch.einsum("gnd,gkd->gnk", x, c).argmax(-1))
-    for gi in range(3):
-        for j in range(12):
-            if sizes[gi, j]:
-                assert torch.allclose(c[gi, j], x[gi, a[gi] == j].mean(0), atol=1e-5)
-    assert int(sizes.sum()) == 900
-    assert torch.equal(init_indices(3, 300, 12, 5), init_indices(3, 300, 12, 5))
-    assert all(len(set(r.tolist())) == 12 for r in init_indices(3, 300, 12, 5))
-
-
-def test_kmeans_group_result_does_not_depend_on_the_other_groups():
-    """With init_period = KV heads, the clusters of one sequence's heads are the same whether it is
-    clustered alone or batched with others (same initial picks; a converged group stays put while
-    the others iterate). Found by the batch conformance check: one draw per group made a sequence's
-    clusters depend on its place in the batch."""
-    from methods.kmeans import kmeans
-
-    g = torch.Generator().manual_seed(3)
-    hkv = 2
-    x = torch.randn(3 * hkv, 200, 8, generator=g)           # 3 sequences x 2 KV heads, head fastest
-    c, a, sizes, _ = kmeans(x, 10, iters=50, seed=4, init_period=hkv)
-    for b in range(3):
-        cb, ab, sb, _ = kmeans(x[b * hkv:(b + 1) * hkv], 10, iters=50, seed=4, init_period=hkv)
-        assert torch.equal(ab, a[b * hkv:(b + 1) * hkv]) and torch.equal(sb, sizes[b * hkv:(b + 1) * hkv])
-        assert torch.allclose(cb, c[b * hkv:(b + 1) * hkv], atol=1e-6)
-    with pytest.raises(ValueError, match="does not divide"):
-        kmeans(x, 10, iters=5, init_period=4)
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_kmeans_cuda_clusters_like_the_cpu():
-    """The same seed picks the same initial keys on every device (CPU generator), so a CUDA run of
-    real-shape keys (8 KV heads x 32K tokens x 128, 1024 clusters) clusters as the CPU does, up to
-    the assignments that float rounding moves (bmm order differs): >= 99% agree, centroids close."""
-    from methods.kmeans import kmeans
-
-    x = torch.randn(8, 32768, 128, generator=torch.Generator().manual_seed(0))
-    c_cpu, a_cpu, _, _ = kmeans(x, 1024, iters=10, seed=3)
-    c_gpu, a_gpu, s_gpu, _ = kmeans(x.cuda(), 1024, iters=10, seed=3)
-    assert (a_gpu.cpu() == a_cpu).float().mean() >= 0.99
-    assert int(s_gpu.sum()) == 8 * 32768
-    assert (c_gpu.cpu() - c_cpu).abs().max() < 0.1
 
 
 @pytest.mark.parametrize("every", [None, 8])
