@@ -10,8 +10,9 @@ S), counts = min(k, finite entries); the valid prefix sorted by position, paddin
 Kernel: one program per row. The fp32 bits are mapped to order-preserving uint32 keys; four passes
 of an 8-bit histogram over the candidates sharing the digits found so far give the k-th largest key
 T and how many of its ties to take; a last pass writes the positions with key > T, then the first
-ties, in position order (a running prefix sum), so the output is already sorted. Five reads of the
-row, no sort, no [B, H, S] temporaries (torch.topk + sort allocate and sort k-sized rows and the
+ties, in position order (a running prefix sum), so the output is already sorted. The passes stop
+early once the chosen bucket holds exactly the entries still to take (all of them are in, whatever
+their lower digits): on spread scores after 2 of the 4. At most five reads of the row, no sort, no [B, H, S] temporaries (torch.topk + sort allocate and sort k-sized rows and the
 unsorted top-k reads the row more than once at large k).
 
 Dispatch by row length: one program per row is latency-bound on short rows and bandwidth-starved on
@@ -55,45 +56,56 @@ def _key(x):
 
 
 @triton.jit
-def _topk_kernel(Sc, Idx, Cnt, S, K, s_row, BLOCK: tl.constexpr, KPAD: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)
-    base = Sc + row * s_row
+def _topk_kernel(Sc, Idx, Cnt, Rows, S, K, N, s_sb, s_sh, s_ib, s_ih, s_cb, s_ch,
+                 BLOCK: tl.constexpr, KPAD: tl.constexpr, HAS_ROWS: tl.constexpr):
+    pid = tl.program_id(0)
+    b = (pid // N).to(tl.int64)
+    i = pid % N
+    base = Sc + b * s_sb + i.to(tl.int64) * s_sh
+    orow = tl.load(Rows + i).to(tl.int64) if HAS_ROWS else i.to(tl.int64)
     bins = tl.arange(0, 256)
     prefix = tl.zeros((), tl.uint32)
     k_rem = tl.zeros((), tl.int32)
+    shift_end = tl.zeros((), tl.uint32)   # the digits found cover the key bits at and above it
+    done = tl.zeros((), tl.int1)
     for p in tl.static_range(4):
         shift = 24 - 8 * p   # a constexpr (p is): Triton 3.6 refuses re-annotating one in an unrolled loop
-        hist = tl.zeros((256,), tl.int32)
-        for s0 in range(0, S, BLOCK):
-            offs = s0 + tl.arange(0, BLOCK)
-            x = tl.load(base + offs, mask=offs < S, other=float("-inf"))
-            cand = (offs < S) & (x > float("-inf"))
-            key = _key(x)
-            if p > 0:
-                cand = cand & ((key >> (shift + 8)) == prefix)
-            digit = ((key >> shift) & 0xFF).to(tl.int32)
-            hist += tl.histogram(digit, 256, mask=cand)
-        if p == 0:  # k_eff = min(k, finite entries)
-            k_rem = tl.minimum(K, tl.sum(hist, 0))
-        # suffix sums: above[d] = candidates with digit > d
-        total = tl.sum(hist, 0)
-        upto = tl.cumsum(hist, 0)            # digits <= d
-        above = total - upto
-        at_least = above + hist              # digits >= d
-        ok = (at_least >= k_rem) & (k_rem > 0)
-        d_star = tl.max(tl.where(ok, bins, -1), 0)
-        d_sel = tl.maximum(d_star, 0)
-        gt = tl.sum(tl.where(bins > d_sel, hist, 0), 0)
-        k_rem = tl.where(d_star >= 0, k_rem - gt, k_rem)
-        prefix = (prefix << 8) | d_sel.to(tl.uint32)
+        if not done:
+            hist = tl.zeros((256,), tl.int32)
+            for s0 in range(0, S, BLOCK):
+                offs = s0 + tl.arange(0, BLOCK)
+                x = tl.load(base + offs, mask=offs < S, other=float("-inf"))
+                cand = (offs < S) & (x > float("-inf"))
+                key = _key(x)
+                if p > 0:
+                    cand = cand & ((key >> (shift + 8)) == prefix)
+                digit = ((key >> shift) & 0xFF).to(tl.int32)
+                hist += tl.histogram(digit, 256, mask=cand)
+            if p == 0:  # k_eff = min(k, finite entries)
+                k_rem = tl.minimum(K, tl.sum(hist, 0))
+            # suffix sums: above[d] = candidates with digit > d
+            total = tl.sum(hist, 0)
+            upto = tl.cumsum(hist, 0)            # digits <= d
+            above = total - upto
+            at_least = above + hist              # digits >= d
+            ok = (at_least >= k_rem) & (k_rem > 0)
+            d_star = tl.max(tl.where(ok, bins, -1), 0)
+            d_sel = tl.maximum(d_star, 0)
+            gt = tl.sum(tl.where(bins > d_sel, hist, 0), 0)
+            k_rem = tl.where(d_star >= 0, k_rem - gt, k_rem)
+            prefix = (prefix << 8) | d_sel.to(tl.uint32)
+            shift_end = tl.full((), shift, tl.uint32)
+            # every candidate left in the chosen bucket is taken: the lower digits cannot change the set
+            # (on spread scores this ends after 2 of the 4 passes; each pass is a dependent read + histogram)
+            done = tl.sum(tl.where(bins == d_sel, hist, 0), 0) == k_rem
     written = tl.zeros((), tl.int32)
     ties = tl.zeros((), tl.int32)
-    out = Idx + row * KPAD
+    out = Idx + b * s_ib + orow * s_ih
     for s0 in range(0, S, BLOCK):
         offs = s0 + tl.arange(0, BLOCK)
         x = tl.load(base + offs, mask=offs < S, other=float("-inf"))
         fin = (offs < S) & (x > float("-inf"))
-        key = _key(x)
+        key = _key(x) >> shift_end
         tie = fin & (key == prefix)
         tie_rank = ties + tl.cumsum(tie.to(tl.int32), 0) - 1
         sel = fin & ((key > prefix) | (tie & (tie_rank < k_rem)))
@@ -105,27 +117,58 @@ def _topk_kernel(Sc, Idx, Cnt, S, K, s_row, BLOCK: tl.constexpr, KPAD: tl.conste
     for j0 in range(0, KPAD, BLOCK):
         jj = j0 + tl.arange(0, BLOCK)
         tl.store(out + jj, tl.zeros((BLOCK,), tl.int32), mask=(jj >= n_keep) & (jj < KPAD))
-    tl.store(Cnt + row, n_keep)
+    tl.store(Cnt + b * s_cb + orow * s_ch, n_keep)
 
 
-def topk_positions(scores, lengths, topk, *, block: int | None = None, impl: str = "auto"):
+def _write_rows(res, out, rows):
+    """Put a (index [B, H, kk], counts [B, H]) result into out = (index [B, Ho, W], counts [B, Ho]) at
+    rows `rows` (int64 [H]; None: rows 0..H-1), index columns past kk zeroed."""
+    idx, cnt = res
+    oi, oc = out
+    W = oi.shape[-1]
+    idx = torch.nn.functional.pad(idx, (0, W - idx.shape[-1])) if idx.shape[-1] < W else idx
+    if rows is None:
+        oi[:, :idx.shape[1]].copy_(idx)
+        oc[:, :cnt.shape[1]].copy_(cnt)
+    else:
+        oi.index_copy_(1, rows, idx)
+        oc.index_copy_(1, rows, cnt)
+    return out
+
+
+def topk_positions(scores, lengths, topk, *, block: int | None = None, impl: str = "auto", out=None, rows=None):
     """Top-`topk` positions per row (module docstring). Triton on CUDA, the reference elsewhere.
-    impl: auto (radix kernel up to RADIX_MAX_CONTEXT, torch.topk beyond) | radix | torch."""
+    impl: auto (radix kernel up to RADIX_MAX_CONTEXT, torch.topk beyond) | radix | torch.
+
+    out = (index int32 [B, Ho, W], counts int32 [B, Ho]), W >= min(topk, S): the result is written in
+    place, row h of the scores into row rows[h] (rows: int64 [H] on the device; None: row h), index
+    columns past min(topk, S) zeroed, and `out` is returned. The radix kernel writes there directly:
+    LycheeDecode's per-layer sets go into the step's per-KV-head set without an index_copy per layer."""
     if impl not in ("auto", "radix", "torch"):
         raise ValueError(f"impl={impl!r}: auto | radix | torch")
-    if backend_for(scores) == "torch":
-        return topk_positions_ref(scores, lengths, topk)
     B, H, S = scores.shape
-    if impl == "torch" or (impl == "auto" and S > RADIX_MAX_CONTEXT):
-        return torch_topk_positions(scores, lengths, topk)
     kk = min(int(topk), S)
+    if out is not None:
+        assert out[0].shape[-1] >= kk and out[0].shape[0] == B, "out must hold B rows of min(topk, S) columns"
+    if backend_for(scores) == "torch" or impl == "torch" or (impl == "auto" and S > RADIX_MAX_CONTEXT):
+        ref = topk_positions_ref if backend_for(scores) == "torch" else torch_topk_positions
+        res = ref(scores, lengths, topk)
+        return res if out is None else _write_rows(res, out, rows)
     sc = scores if scores.stride(-1) == 1 else scores.contiguous()
-    sc = sc.reshape(B * H, S) if sc.is_contiguous() else sc.contiguous().view(B * H, S)
-    idx = torch.empty(B * H, kk, device=scores.device, dtype=torch.int32)
-    cnt = torch.empty(B * H, device=scores.device, dtype=torch.int32)
+    if out is None:
+        idx = torch.empty(B, H, kk, device=scores.device, dtype=torch.int32)
+        cnt = torch.empty(B, H, device=scores.device, dtype=torch.int32)
+    else:
+        idx, cnt = out
+        assert idx.stride(-1) == 1 and idx.dtype == cnt.dtype == torch.int32
     if kk == 0:
-        return idx.view(B, H, 0), cnt.zero_().view(B, H)
+        if out is not None:
+            return _write_rows((idx.new_zeros(B, H, 0), cnt.new_zeros(B, H)), out, rows)
+        return idx, cnt.zero_()
     blk = block or (1024 if scores.is_cuda else 64)
-    kernel_for(_topk_kernel, scores)[(B * H,)](sc, idx, cnt, S, kk, sc.stride(0), BLOCK=blk, KPAD=kk,
-                                               num_warps=8 if scores.is_cuda else 1)
-    return idx.view(B, H, kk), cnt.view(B, H)
+    has_rows = rows is not None
+    kernel_for(_topk_kernel, scores)[(B * H,)](
+        sc, idx, cnt, rows if has_rows else cnt, S, kk, H, sc.stride(0), sc.stride(1), idx.stride(0),
+        idx.stride(1), cnt.stride(0), cnt.stride(1), BLOCK=blk, KPAD=idx.shape[-1], HAS_ROWS=has_rows,
+        num_warps=8 if scores.is_cuda else 1)
+    return (idx, cnt) if out is None else out

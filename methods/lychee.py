@@ -104,6 +104,17 @@ class LycheeConfig(HeadConfig):
         return {"mode": "topk", "budget": max(self.budget, -(-context // self.block_size) * self.block_size)}
 
 
+class _Deferred:
+    """A recorded count that `Method.stats` reads with float(): computed then, after the step, so the
+    step itself launches no kernels for it (a captured step replays every kernel it launched)."""
+
+    def __init__(self, fn):
+        self.fn = fn
+
+    def __float__(self):
+        return float(self.fn().float().mean())
+
+
 class HybridHeads(Method):
     """Shared machinery of LycheeDecode and DuoAttention: a full store of rotated keys, dense
     prefill/correction, per-layer roles as device masks (declared buffers), hybrid decode."""
@@ -177,15 +188,39 @@ class HybridHeads(Method):
         if retrieval_all or self.counts is None:
             self.record(layer, self.lengths)
             return
-        r = self.roles[layer].view(1, -1)
-        sparse = torch.clamp(self.counts * block, max=self.lengths.view(-1, 1))  # a partial last block counts whole
-        self.record(layer, torch.where(r, self.lengths.view(-1, 1), sparse).float())
+        roles, counts, lengths = self.roles[layer].view(1, -1), self.counts, self.lengths
+
+        # evaluated by stats(), after the step, from the tensors this layer read (no kernels in the step).
+        # `counts` is this layer's own tensor (sets index_copy'd per layer) or LycheeDecode's in-place set
+        # buffer, whose rows all hold min(k, live entries) by then in the top-k modes (see decode)
+        def attended():
+            sparse = torch.clamp(counts * block, max=lengths.view(-1, 1))  # a partial last block counts whole
+            return torch.where(roles, lengths.view(-1, 1), sparse).float()
+        self.record(layer, _Deferred(attended))
 
 
 @register
 class LycheeDecode(HybridHeads):
     name = "lychee"
     Config = LycheeConfig
+
+    def setup(self, info, batch, max_len, device, dtype):
+        super().setup(info, batch, max_len, device, dtype)
+        c = self.cfg
+        # top-k modes have a fixed set width: the step's per-KV-head sets live in one buffer that each
+        # layer's selection writes in place (rows of its retrieval heads; layer 0 writes every row)
+        width = c.budget // c.block_size if c.block_size > 1 else \
+            max(c.budget, c.sink + c.recent) if c.mode == "topk" else None
+        sets = getattr(self, "_sets", None)
+        if width is None:
+            self._sets = None
+        elif sets is None or sets[0].shape != (batch, info.num_kv_heads, width) or sets[0].device != torch.device(device):
+            self._sets = (torch.zeros(batch, info.num_kv_heads, width, dtype=torch.int32, device=device),
+                          torch.zeros(batch, info.num_kv_heads, dtype=torch.int32, device=device))
+
+    def buffers(self):
+        sets = {} if self._sets is None else {"set_index": self._sets[0], "set_counts": self._sets[1]}
+        return {**super().buffers(), **sets}
 
     def decode(self, layer, q1, keys, values):
         c, cap, scale = self.cfg, self.store.capacity, self.info.scaling
@@ -199,7 +234,11 @@ class LycheeDecode(HybridHeads):
                             roles=self.roles_host[layer], score_heads=heads, score_block=bs)
         out, scores = res if n_ret else (res, None)
         self.record_hybrid(layer, all_ret, bs)
-        if n_ret:
+        if n_ret and self._sets is not None:
+            # in place: the rows of sets that this layer's sparse heads read stay as they were. In the
+            # top-k modes every row then holds min(k, live entries) counts (what record_hybrid relies on)
+            self.index, self.counts = self.select(scores, out=self._sets, rows=heads)
+        elif n_ret:
             index, counts = self.select(scores)
             if self.index is None:  # layer 0 (all retrieval): the step's sets start here
                 self.index, self.counts = index, counts
@@ -208,13 +247,13 @@ class LycheeDecode(HybridHeads):
                 self.counts = self.counts.index_copy(1, heads, counts)
         return out
 
-    def select(self, scores):
+    def select(self, scores, out=None, rows=None):
         c = self.cfg
         scale = REFERENCE_SCALE if c.prob_scale == "reference" else self.info.scaling
         if c.block_size > 1:
-            return lychee_sets.top_blocks(scores, c.budget // c.block_size)
+            return lychee_sets.top_blocks(scores, c.budget // c.block_size, out=out, rows=rows)
         if c.mode == "topk":
-            return lychee_sets.topk(scores, self.lengths, c.budget, c.sink, c.recent)
+            return lychee_sets.topk(scores, self.lengths, c.budget, c.sink, c.recent, out=out, rows=rows)
         if c.mode == "ratio":
             return lychee_sets.ratio(scores, self.lengths, c.ratio, c.sink, c.recent)
         if c.mode == "topp":

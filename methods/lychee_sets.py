@@ -31,21 +31,22 @@ def forced(scores: torch.Tensor, lengths: torch.Tensor, sink: int, recent: int) 
     return ((pos < sink) | (pos >= n - recent)) & (pos < n)
 
 
-def topk(scores, lengths, budget: int, sink: int, recent: int):
-    """Top-`budget` set per row with sinks and recent tokens forced in and counted."""
+def topk(scores, lengths, budget: int, sink: int, recent: int, out=None, rows=None):
+    """Top-`budget` set per row with sinks and recent tokens forced in and counted. out/rows: write the
+    sets in place (kernels.topk.topk_positions)."""
     S = scores.shape[-1]
     k = min(max(int(budget), sink + recent), S)
     boosted = torch.where(forced(scores, lengths, sink, recent), float("inf"), scores)
     if budget <= sink + recent:
         # only the forced tokens: rank them first, drop every other slot
         boosted = torch.where(torch.isinf(boosted) & (boosted > 0), boosted, float("-inf"))
-    return topk_positions(boosted, lengths, k)
+    return topk_positions(boosted, lengths, k, out=out, rows=rows)
 
 
-def top_blocks(block_scores, budget_blocks: int):
+def top_blocks(block_scores, budget_blocks: int, out=None, rows=None):
     """The block-level path (modeling_llama_block_level.py, get_sparse_block_indices_from_topk): the
     top `budget_blocks` blocks by max-pooled q̄·K, nothing forced. Block scores are -inf past the length."""
-    return topk_positions(block_scores, None, budget_blocks)
+    return topk_positions(block_scores, None, budget_blocks, out=out, rows=rows)
 
 
 def from_mask(mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -26,6 +26,25 @@ def scores_for(B, H, S, lens, seed, ties=False, forced=()):
     return s.to(DEV), torch.tensor(lens, dtype=torch.int32, device=DEV)
 
 
+@pytest.mark.parametrize("backend,k", [("triton", 40), ("triton", 300), ("torch", 40)])
+def test_topk_writes_rows_in_place(monkeypatch, backend, k):
+    """out/rows (LycheeDecode's per-KV-head sets): row h lands in out row rows[h], the other rows are
+    untouched, index columns past min(k, S) are zeroed, and the result is the plain call's."""
+    monkeypatch.setenv("HARNESS_KERNELS", backend)
+    s, lengths = scores_for(2, 3, 257, [257, 120], seed=5, ties=True)
+    rows = torch.tensor([4, 0, 2], device=DEV)
+    oi = torch.full((2, 5, 260), -7, dtype=torch.int32, device=DEV)
+    oc = torch.full((2, 5), -7, dtype=torch.int32, device=DEV)
+    got = T.topk_positions(s, lengths, k, out=(oi, oc), rows=rows)
+    assert got[0] is oi and got[1] is oc
+    ridx, rcnt = T.topk_positions_ref(s, lengths, k)
+    kk = ridx.shape[-1]
+    for h, r in enumerate(rows.tolist()):
+        assert torch.equal(oi[:, r, :kk], ridx[:, h]) and torch.equal(oc[:, r], rcnt[:, h])
+        assert (oi[:, r, kk:] == 0).all()
+    assert (oi[:, [1, 3]] == -7).all() and (oc[:, [1, 3]] == -7).all()
+
+
 @pytest.mark.parametrize("S,lens,k", [(300, [300, 171], 40), (300, [37, 300], 64), (257, [257], 257),
                                       (100, [5, 100], 300), (513, [513, 400], 1)])
 @pytest.mark.parametrize("ties", [False, True])
