@@ -10,13 +10,16 @@ The random initial keys come from a CPU generator seeded by the caller, then mov
 the same seed picks the same keys on every device, so a CPU run and a CUDA run cluster alike.
 Assignment (kernels/kmeans.py) never holds the [n, k] scores whole: at 128K keys and 4K clusters per
 head they would be 2 GiB per head; the GPU kernel keeps one tile in registers, the torch reference
-works in blocks of keys.
+works in blocks of keys. Each iteration is one call of kernels.kmeans_assign_update: on the GPU one
+kernel assigns, sums the keys per cluster (fp32 atomics: the centroids' last bits vary from run to
+run), counts them and counts the keys that moved; on the CPU the torch reference does the same
+deterministically.
 """
 from __future__ import annotations
 
 import torch
 
-from kernels.kmeans import kmeans_assign
+from kernels.kmeans import kmeans_assign, kmeans_assign_update
 
 METRICS = ("dot", "cosine")
 
@@ -31,9 +34,12 @@ def assign(x: torch.Tensor, c: torch.Tensor, metric: str = "dot") -> torch.Tenso
     """Index of the best centroid per key: x [G, n, D], c [G, k, D] -> int64 [G, n] (kernels.kmeans_assign:
     fp32 scores of x.dtype inputs, ties to the lowest index; one Triton kernel on the GPU)."""
     if metric == "cosine":
-        x = torch.nn.functional.normalize(x.float(), dim=-1).to(x.dtype)
-        c = torch.nn.functional.normalize(c.float(), dim=-1)
+        x, c = _unit(x).to(x.dtype), _unit(c)
     return kmeans_assign(x, c)
+
+
+def _unit(t: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.normalize(t.float(), dim=-1)
 
 
 def kmeans(x: torch.Tensor, k: int, iters: int, seed: int = 0, metric: str = "dot",
@@ -58,18 +64,16 @@ def kmeans(x: torch.Tensor, k: int, iters: int, seed: int = 0, metric: str = "do
         raise ValueError(f"init_period {p} does not divide {G} groups")
     idx = init_indices(p, n, k, seed).repeat(G // p, 1).to(x.device)
     c = x.gather(1, idx.unsqueeze(-1).expand(G, k, D)).float()
+    cosine = metric == "cosine"
+    # cosine scores the unit keys against unit centroids but sums the raw keys (plain-mean centroids)
+    xs, acc = (_unit(x).to(x.dtype), x) if cosine else (x, None)
     prev, ran = None, 0
-    xf = x.float().reshape(G * n, D)
-    base = (torch.arange(G, device=x.device) * k).view(G, 1)   # cluster j of group g -> row g*k + j
     for ran in range(1, max(1, int(iters)) + 1):
-        a = assign(x, c, metric)
-        if prev is not None and torch.equal(a, prev):   # converged: the centroids would not move
+        a, sums, sizes, changed = kmeans_assign_update(xs, _unit(c) if cosine else c, prev, acc)
+        if changed is not None and int(changed) == 0:   # converged: the centroids would not move
             ran -= 1
             break
-        rows = (a + base).view(-1)
-        sums = torch.zeros(G * k, D, device=x.device).index_add_(0, rows, xf).view(G, k, D)
-        sizes = torch.bincount(rows, minlength=G * k).view(G, k)
         c = torch.where(sizes.unsqueeze(-1) > 0, sums / sizes.clamp(min=1).unsqueeze(-1), c)
         prev = a
-    sizes = torch.bincount((prev + base).view(-1), minlength=G * k).view(G, k)
+    # sizes: the last call's, of its assignment a, which is prev (on a break a == prev, nothing moved)
     return c, prev, sizes, ran

@@ -1,11 +1,12 @@
 """Tactic's building blocks against explicit computations: the closed forms of methods/tactic_select.py
 (tail sums with harmonic numbers, clipped and as Algorithm 1 writes them, the two-window fit, the
 bisection) and the k-means of methods/kmeans.py (a Lloyd fixed point, groups independent of each other,
-CUDA clustering like the CPU)."""
+the fused Triton step clustering like the torch reference, CUDA clustering like the CPU)."""
 from __future__ import annotations
 
 import pytest
 import torch
+from triton_env import DEV, needs_triton
 
 from methods.tactic_select import fit_curve, harmonic, min_count, tail_mass
 
@@ -72,6 +73,9 @@ def test_kmeans_is_a_lloyd_fixed_point_with_dot_product_assignment():
             if sizes[gi, j]:
                 assert torch.allclose(c[gi, j], x[gi, a[gi] == j].mean(0), atol=1e-5)
     assert int(sizes.sum()) == 900
+    assert torch.equal(sizes, torch.nn.functional.one_hot(a, 12).sum(1))   # of the returned assignment
+    _, a2, sizes2, ran2 = kmeans(x, 12, iters=2, seed=5)                  # stopped by the cap, not converged
+    assert ran2 == 2 and torch.equal(sizes2, torch.nn.functional.one_hot(a2, 12).sum(1))
     assert torch.equal(init_indices(3, 300, 12, 5), init_indices(3, 300, 12, 5))
     assert all(len(set(r.tolist())) == 12 for r in init_indices(3, 300, 12, 5))
 
@@ -93,6 +97,25 @@ def test_kmeans_group_result_does_not_depend_on_the_other_groups():
         assert torch.allclose(cb, c[b * hkv:(b + 1) * hkv], atol=1e-6)
     with pytest.raises(ValueError, match="does not divide"):
         kmeans(x, 10, iters=5, init_period=4)
+
+
+@needs_triton
+@pytest.mark.parametrize("metric", ["dot", "cosine"])
+def test_kmeans_through_the_fused_kernel_clusters_like_the_reference(monkeypatch, metric):
+    """HARNESS_KERNELS=triton (the interpreter on the CPU) runs each iteration as one fused kernel:
+    the same assignments, sizes and iteration count as the torch reference, centroids within fp32
+    summation order. Cosine scores unit keys but its centroids are plain means of the raw keys."""
+    from methods.kmeans import kmeans
+
+    x = torch.randn(2, 150, 16, generator=torch.Generator().manual_seed(2)).to(DEV)
+    monkeypatch.setenv("HARNESS_KERNELS", "torch")
+    c, a, sizes, ran = kmeans(x, 9, iters=50, seed=1, metric=metric)
+    monkeypatch.setenv("HARNESS_KERNELS", "triton")
+    ck, ak, sizes_k, ran_k = kmeans(x, 9, iters=50, seed=1, metric=metric)
+    assert ran == ran_k < 50 and torch.equal(a, ak) and torch.equal(sizes, sizes_k)
+    assert torch.allclose(c, ck, atol=1e-5)
+    means = torch.einsum("gnk,gnd->gkd", torch.nn.functional.one_hot(ak, 9).float(), x) / sizes_k[..., None]
+    assert torch.allclose(ck, means, atol=1e-5)                          # no empty cluster here
 
 
 @pytest.mark.gpu
