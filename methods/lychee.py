@@ -217,12 +217,43 @@ class LycheeDecode(HybridHeads):
         elif sets is None or sets[0].shape != (batch, info.num_kv_heads, width) or sets[0].device != torch.device(device):
             self._sets = (torch.zeros(batch, info.num_kv_heads, width, dtype=torch.int32, device=device),
                           torch.zeros(batch, info.num_kv_heads, dtype=torch.int32, device=device))
+        # the selection runs on a side stream where there is one (CUDA): it overlaps the rest of the layer
+        # (o_proj, MLP, the next QKV), and only the next layer's attention waits for it (_join)
+        cuda = torch.device(device).type == "cuda"
+        if getattr(self, "_side", None) is None and cuda:
+            self._side = torch.cuda.Stream(device=device)
+        elif not cuda:
+            self._side = None
+        self._pending = None
+
+    def begin(self, step):
+        self._join()
+        super().begin(step)
+
+    def _join(self):
+        """The current stream waits for the last selection launched on the side stream."""
+        if getattr(self, "_pending", None) is not None:
+            torch.cuda.current_stream().wait_stream(self._side)
+            self._pending = None
+
+    def _select_sets(self, scores, heads):
+        """This layer's sets into the step's set buffer, on the side stream when there is one."""
+        if self._side is None:
+            return self.select(scores, out=self._sets, rows=heads)
+        self._side.wait_stream(torch.cuda.current_stream())   # the scores are written
+        with torch.cuda.stream(self._side):
+            self.select(scores, out=self._sets, rows=heads)
+        # kept until the join: freed earlier, the allocator could hand the scores' memory to the main
+        # stream while the side stream still reads it
+        self._pending = (scores, heads)
+        return self._sets
 
     def buffers(self):
         sets = {} if self._sets is None else {"set_index": self._sets[0], "set_counts": self._sets[1]}
         return {**super().buffers(), **sets}
 
     def decode(self, layer, q1, keys, values):
+        self._join()  # the sets of the layers before are complete before this layer's sparse heads read them
         c, cap, scale = self.cfg, self.store.capacity, self.info.scaling
         n_ret, all_ret = self.n_ret(layer), all(self.roles_host[layer])
         # sparse heads read the sets of earlier layers: attend before this layer writes its own; the
@@ -234,10 +265,12 @@ class LycheeDecode(HybridHeads):
                             roles=self.roles_host[layer], score_heads=heads, score_block=bs)
         out, scores = res if n_ret else (res, None)
         self.record_hybrid(layer, all_ret, bs)
+        if layer == self.info.num_layers - 1:
+            return out  # the last layer's sets would be read by no one (sets do not outlive the step)
         if n_ret and self._sets is not None:
             # in place: the rows of sets that this layer's sparse heads read stay as they were. In the
             # top-k modes every row then holds min(k, live entries) counts (what record_hybrid relies on)
-            self.index, self.counts = self.select(scores, out=self._sets, rows=heads)
+            self.index, self.counts = self._select_sets(scores, heads)
         elif n_ret:
             index, counts = self.select(scores)
             if self.index is None:  # layer 0 (all retrieval): the step's sets start here
