@@ -58,6 +58,7 @@ def kmeans(x: torch.Tensor, k: int, iters: int, seed: int = 0, metric: str = "do
     if metric not in METRICS:
         raise ValueError(f"unknown k-means metric {metric!r}; one of {METRICS}")
     G, n, D = x.shape
+    x = x.contiguous()   # once: the caller's keys are a strided view of the cache (a 64 MB copy per call at 32K)
     k = max(1, min(int(k), n))
     p = G if init_period is None else int(init_period)
     if G % p:
