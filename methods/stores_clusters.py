@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from methods.kmeans import kmeans
+from methods.kmeans import init_indices_many, kmeans
 
 
 class ClusterIndex:
@@ -39,8 +39,24 @@ class ClusterIndex:
     def max_clusters(self) -> int:
         return self.cent.shape[3]
 
+    def add_layers(self, layers, keys_of, first_pos: int, c0: int, t0: int, n_clusters: int, iters: int,
+                   metric: str, seeds) -> tuple[int, list[int]]:
+        """`add` for each of `layers` (keys_of(layer): its keys [B, Hkv, m, D]; seeds[i]: layers[i]'s seed),
+        with every layer's initial keys drawn at once on CPU threads. Returns (clusters made per layer,
+        k-means iterations run per layer)."""
+        layers, seeds = list(layers), list(seeds)
+        if not layers:
+            return 0, []
+        _, Hkv, m, _ = keys_of(layers[0]).shape
+        inits = init_indices_many([(Hkv, m, max(1, min(int(n_clusters), m)), s) for s in seeds])
+        made, ran = 0, []
+        for layer, seed, init in zip(layers, seeds, inits):
+            made, r = self.add(layer, keys_of(layer), first_pos, c0, t0, n_clusters, iters, metric, seed, init)
+            ran.append(r)
+        return made, ran
+
     def add(self, layer: int, keys: torch.Tensor, first_pos: int, c0: int, t0: int, n_clusters: int,
-            iters: int, metric: str, seed: int) -> tuple[int, int]:
+            iters: int, metric: str, seed: int, init: torch.Tensor | None = None) -> tuple[int, int]:
         """Cluster `keys` [B, Hkv, m, D] (positions first_pos..first_pos+m-1) into `n_clusters` per
         head (at most m), written as clusters c0.. and order entries t0..t0+m-1. Returns (clusters
         made, k-means iterations run)."""
@@ -49,7 +65,7 @@ class ClusterIndex:
             raise RuntimeError(f"cluster index full: {c0}+{n_clusters} clusters of {self.max_clusters}, "
                                f"{t0}+{m} tokens of {self.order.shape[-1]}")
         cent, assign, sizes, ran = kmeans(keys.reshape(B * Hkv, m, D), n_clusters, iters, seed=seed, metric=metric,
-                                       init_period=Hkv)   # same draws for every sequence: batch-invariant
+                                       init_period=Hkv, init=init)   # same draws for every sequence: batch-invariant
         k = cent.shape[1]
         perm = torch.sort(assign, dim=-1, stable=True).indices           # positions grouped by cluster
         starts = t0 + torch.cumsum(sizes, -1) - sizes                    # exclusive cumsum

@@ -197,12 +197,10 @@ class Tactic(Method):
         if cuda:
             torch.cuda.synchronize()
         t = time.perf_counter()
-        made, iters = 0, []
-        for layer in range(c.dense_layers, self.info.num_layers):
-            keys = self.store.k[layer, :, :, first:limit]
-            made, ran = self.index.add(layer, keys, first, c0, t0, math.ceil(m / c.cluster_size), c.kmeans_iters,
-                                       c.metric, seed=c.seed * 1_000_003 + layer * 1009 + first)
-            iters.append(ran)
+        layers = range(c.dense_layers, self.info.num_layers)
+        made, iters = self.index.add_layers(layers, lambda layer: self.store.k[layer, :, :, first:limit], first, c0,
+                                            t0, math.ceil(m / c.cluster_size), c.kmeans_iters, c.metric,
+                                            seeds=[c.seed * 1_000_003 + layer * 1009 + first for layer in layers])
         if cuda:
             torch.cuda.synchronize()
         self.n_clu, self.n_tok, self.ce = c0 + made, t0 + m, limit

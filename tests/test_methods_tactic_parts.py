@@ -132,3 +132,23 @@ def test_kmeans_cuda_clusters_like_the_cpu():
     assert (a_gpu.cpu() == a_cpu).float().mean() >= 0.99
     assert int(s_gpu.sum()) == 8 * 32768
     assert (c_gpu.cpu() - c_cpu).abs().max() < 0.1
+
+
+def test_initial_keys_drawn_on_threads_are_the_serial_draws():
+    """init_indices_many (every layer's draws at once, on threads) gives init_indices' values per spec, and
+    ClusterIndex.add_layers clusters each layer as add does with that layer's seed."""
+    from methods.kmeans import init_indices, init_indices_many
+    from methods.stores_clusters import ClusterIndex
+
+    specs = [(2, 300, 17, s) for s in (5, 1014, 2023)] + [(3, 40, 40, 9)]
+    for got, spec in zip(init_indices_many(specs), specs):
+        assert torch.equal(got, init_indices(*spec))
+    keys = torch.randn(3, 1, 2, 64, 8)                       # layers, B, Hkv, m, D
+    a, b = ClusterIndex(), ClusterIndex()
+    for idx in (a, b):
+        idx.allocate(3, 1, 2, 8, 64, 8, "cpu", torch.float32)
+    made, ran = a.add_layers(range(1, 3), lambda layer: keys[layer], 0, 0, 0, 8, 4, "dot", seeds=[11, 12])
+    for layer, seed in ((1, 11), (2, 12)):
+        assert (made, ran[layer - 1]) == b.add(layer, keys[layer], 0, 0, 0, 8, 4, "dot", seed)
+    for name in ("cent", "csize", "cstart", "order"):   # what add wrote (cent is allocated uninitialised)
+        assert torch.equal(getattr(a, name)[1:, ..., :made], getattr(b, name)[1:, ..., :made]), name
