@@ -2,23 +2,15 @@
 interpreter (small shapes). Real shapes on the GPU: tests/test_kernels_gpu.py (`-m gpu`)."""
 from __future__ import annotations
 
-import os
-
+import pytest
 import torch
+from triton_env import DEV, needs_triton
 
-if not torch.cuda.is_available():  # triton reads this at import time; on a GPU box run compiled
-    os.environ.setdefault("TRITON_INTERPRET", "1")
+import kernels
+from kernels import _common, attention as A
 
-import pytest  # noqa: E402
+pytestmark = needs_triton
 
-import kernels  # noqa: E402
-from kernels import _common, attention as A  # noqa: E402
-
-pytestmark = pytest.mark.skipif(
-    not (kernels.HAVE_TRITON and (torch.cuda.is_available() or _common.interpreter_active())),
-    reason="triton missing, or imported before TRITON_INTERPRET=1 could be set (run this module alone)")
-
-DEV = "cuda" if torch.cuda.is_available() else "cpu"
 TOL = {torch.float32: 2e-5, torch.bfloat16: 1e-2}
 
 

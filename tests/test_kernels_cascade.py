@@ -3,25 +3,15 @@ EMA mass (kernels/cascade_attention.py), Triton against the torch references: in
 on small shapes, and (`-m gpu`) at the shapes of Llama-3.1-8B with a 32K cache."""
 from __future__ import annotations
 
-import os
-
-import torch
-
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-
 import pytest
+import torch
+from triton_env import DEV, needs_triton
 
 import kernels
-from kernels import _common
 from kernels.cascade import cascade_apply, cascade_apply_ref
 from kernels.cascade_attention import (rotated_decode_mass, rotated_decode_mass_ref, strided_attention,
                                       strided_attention_ref)
 from methods.stores_cascade import CascadeLayout
-
-DEV = "cuda" if torch.cuda.is_available() else "cpu"
-HAVE_KERNELS = kernels.HAVE_TRITON and (torch.cuda.is_available() or _common.interpreter_active())
-needs_kernels = pytest.mark.skipif(not HAVE_KERNELS, reason="triton missing or imported before TRITON_INTERPRET=1")
 
 
 def _store(B, H, slots, D, seed, dtype=torch.float32):
@@ -47,7 +37,7 @@ def _both(store, new, tok_new, plan, monkeypatch):
     return a, b
 
 
-@needs_kernels
+@needs_triton
 def test_apply_kernel_matches_reference_on_chunk_and_decode_plans(monkeypatch):
     B, H, D = 2, 2, 16
     L = CascadeLayout(2, 3, 4)
@@ -96,7 +86,7 @@ def test_decode_plan_equals_chunk_plan_of_one_token():
             assert torch.equal(x[:, :, :host.trash], y[:, :, :host.trash]), t
 
 
-@needs_kernels
+@needs_triton
 @pytest.mark.parametrize("T,L,dtype", [(13, 29, torch.float32), (16, 16, torch.float32), (9, 40, torch.bfloat16)])
 def test_strided_attention_kernel_matches_reference(T, L, dtype, monkeypatch):
     g = torch.Generator().manual_seed(T + L)
@@ -129,7 +119,7 @@ def _rot_inputs(B, Hq, Hkv, S, D, dtype, seed, dev=DEV):
     return q, k, v, ang.cos()[None].to(dev, dtype), ang.sin()[None].to(dev, dtype), lengths
 
 
-@needs_kernels
+@needs_triton
 @pytest.mark.parametrize("S,dtype", [(37, torch.float32), (64, torch.bfloat16)])
 def test_rotated_decode_kernel_matches_rotate_then_attend(S, dtype, monkeypatch):
     q, k, v, cos, sin, lengths = _rot_inputs(2, 4, 2, S, 16, dtype, seed=S)

@@ -4,15 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from triton_env import DEV, needs_triton
 
-import kernels
-from kernels import _common, fused
+from kernels import fused
 
-pytestmark = pytest.mark.skipif(
-    not (kernels.HAVE_TRITON and (torch.cuda.is_available() or _common.interpreter_active())),
-    reason="triton missing, or imported before TRITON_INTERPRET=1 could be set")
-
-DEV = "cuda" if torch.cuda.is_available() else "cpu"
+pytestmark = needs_triton
 
 
 @pytest.fixture(autouse=True)

@@ -5,22 +5,14 @@ kernels against the torch references in the interpreter (small shapes; real shap
 tests/test_kernels_gpu_merge.py)."""
 from __future__ import annotations
 
-import os
-
+import pytest
 import torch
+from triton_env import DEV, needs_triton
 
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
+import kernels
+from kernels import lse as LS
+from kernels import window as W
 
-import pytest  # noqa: E402
-
-import kernels  # noqa: E402
-from kernels import _common  # noqa: E402
-from kernels import lse as LS  # noqa: E402
-from kernels import window as W  # noqa: E402
-
-DEV = "cuda" if torch.cuda.is_available() else "cpu"
-HAVE_KERNELS = kernels.HAVE_TRITON and (torch.cuda.is_available() or _common.interpreter_active())
 B, HQ, HKV, D = 2, 4, 2, 16
 
 
@@ -124,7 +116,7 @@ def test_decode_lse_references_equal_brute_force():
         assert (scores[:, h, untouched] == -7.0).all()
 
 
-@pytest.mark.skipif(not HAVE_KERNELS, reason="triton missing or imported before TRITON_INTERPRET=1")
+@needs_triton
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_triton_paths_match_references(dtype, monkeypatch):
     monkeypatch.setenv("HARNESS_KERNELS", "triton")

@@ -7,23 +7,14 @@ a mixed layer, GQA, lengths that are not multiples of the block, a chunk startin
 sizes that cover the prompt against plain causal attention."""
 from __future__ import annotations
 
-import os
-
+import pytest
 import torch
+from triton_env import DEV, needs_triton
 
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
+import kernels
+from kernels import minference as KM
+from methods import minference as M, minference_patterns as P
 
-import pytest  # noqa: E402
-
-import kernels  # noqa: E402
-from kernels import _common, minference as KM  # noqa: E402
-from methods import minference as M, minference_patterns as P  # noqa: E402
-
-HAVE_KERNELS = kernels.HAVE_TRITON and (torch.cuda.is_available() or _common.interpreter_active())
-needs_kernels = pytest.mark.skipif(not HAVE_KERNELS, reason="triton missing, or imported before "
-                                   "TRITON_INTERPRET=1 could be set (run this module alone)")
-DEV = "cuda" if torch.cuda.is_available() else "cpu"
 SCALE = 0.3
 VS, AS, BSP, DENSE = (P.Pattern("vertical_slash", 4, 5), P.Pattern("a_shape", 2, 6), P.Pattern("block_sparse", 2),
                       P.Pattern("dense"))
@@ -137,7 +128,7 @@ def kernel_vs_masked(heads, Hkv, N, start, bs, D, B=2, seed=0):
     return got
 
 
-@needs_kernels
+@needs_triton
 @pytest.mark.parametrize("heads", [[VS] * 4, [AS] * 4, [BSP] * 4, [VS, AS, BSP, DENSE]],
                          ids=["vertical_slash", "a_shape", "block_sparse", "mixed"])
 def test_kernel_equals_masked_prefill(heads, monkeypatch):
@@ -145,7 +136,7 @@ def test_kernel_equals_masked_prefill(heads, monkeypatch):
     kernel_vs_masked(heads, Hkv=2, N=45, start=0, bs=8, D=16)
 
 
-@needs_kernels
+@needs_triton
 @pytest.mark.parametrize("Hkv,N,start,bs,D", [(1, 200, 0, 64, 64), (2, 200, 70, 64, 128), (4, 100, 37, 16, 24),
                                               (2, 61, 13, 8, 16)])
 def test_kernel_shapes_gqa_and_chunks(Hkv, N, start, bs, D, monkeypatch):
@@ -157,7 +148,7 @@ def test_kernel_shapes_gqa_and_chunks(Hkv, N, start, bs, D, monkeypatch):
     kernel_vs_masked(heads, Hkv, N, start, bs, D, B=1, seed=N)
 
 
-@needs_kernels
+@needs_triton
 @pytest.mark.parametrize("N", [150, 128])
 def test_sizes_covering_the_prompt_are_causal_attention(N, monkeypatch):
     """block_sparse keeps min(K, N // block) blocks (the reference's floor): dense only when N is a
@@ -173,7 +164,7 @@ def test_sizes_covering_the_prompt_are_causal_attention(N, monkeypatch):
     assert (got - want).abs().max().item() < 2e-5 and float(density) == 1.0
 
 
-@needs_kernels
+@needs_triton
 def test_method_takes_the_kernel_and_says_so(monkeypatch):
     """The whole method in the engine: the kernel path's logits equal the masked path's; stats name the
     path of every layer; slash_cover token is refused by the kernel path, visibly."""
@@ -226,7 +217,7 @@ def test_unmasked_pieces_come_first():
     assert (idx.block_free[:, 1] >= 2).any() and (masked[:, 1] >= 1).all()       # a_shape: sinks free, window not
 
 
-@needs_kernels
+@needs_triton
 @pytest.mark.parametrize("config", [None, {"pair": True}, {"num_warps": 4, "num_stages": 1, "pair": False}])
 def test_two_stage_kernel_counts_the_mask(config, monkeypatch):
     """The unmasked stage (one or two pieces per tile) and the masked one give the reference's output, and

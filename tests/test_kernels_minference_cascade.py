@@ -7,24 +7,15 @@ kernels against the reference in the interpreter on small shapes (CPU) and at Ll
 counts off the tile size, partial query blocks."""
 from __future__ import annotations
 
-import os
-
+import pytest
 import torch
+from triton_env import DEV, needs_triton
 
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
+from kernels import minference as KM
+from kernels.cascade_attention import strided_attention_ref
+from kernels.minference_cascade import chunk_attention, chunk_attention_ref, chunk_cover, chunk_rows
+from methods import minference_patterns as P
 
-import pytest  # noqa: E402
-
-import kernels  # noqa: E402
-from kernels import _common, minference as KM  # noqa: E402
-from kernels.cascade_attention import strided_attention_ref  # noqa: E402
-from kernels.minference_cascade import chunk_attention, chunk_attention_ref, chunk_cover, chunk_rows  # noqa: E402
-from methods import minference_patterns as P  # noqa: E402
-
-HAVE_KERNELS = kernels.HAVE_TRITON and (torch.cuda.is_available() or _common.interpreter_active())
-needs_kernels = pytest.mark.skipif(not HAVE_KERNELS, reason="triton missing or imported before TRITON_INTERPRET=1")
-DEV = "cuda" if torch.cuda.is_available() else "cpu"
 SCALE = 0.3
 MIX = [P.Pattern("vertical_slash", 4, 5), P.Pattern("a_shape", 2, 6), P.Pattern("block_sparse", 2), P.Pattern("dense")]
 
@@ -102,7 +93,7 @@ def test_covering_index_is_strided_attention_bit_for_bit(n, T):
 
 # --- the Triton kernels against the reference -------------------------------------------------------------
 
-@needs_kernels
+@needs_triton
 @pytest.mark.parametrize("B,Hq,Hkv,n,T,D,bs", [
     (2, 4, 2, 0, 37, 16, 8),          # first chunk: no cache, the mass kernel of the cache skipped
     (2, 4, 2, 13, 29, 16, 8),         # a cache off the tile size (a masked last cache tile)
@@ -121,7 +112,7 @@ def test_kernel_equals_reference(B, Hq, Hkv, n, T, D, bs, monkeypatch):
     assert int(got[2]) == int(want[2])
 
 
-@needs_kernels
+@needs_triton
 def test_kernel_with_long_slash_lists_and_columns(monkeypatch):
     """Far diagonals and columns (several pieces and column tiles per query block), an A-shape window,
     unmasked pieces in the first stage (block 16 = BM)."""
@@ -138,7 +129,7 @@ def test_kernel_with_long_slash_lists_and_columns(monkeypatch):
 
 
 
-@needs_kernels
+@needs_triton
 @pytest.mark.parametrize("n", [0, 13])
 def test_kernel_values_strided_unlike_keys(n, monkeypatch):
     """A first chunk attends v as the projection left it ([B, T, Hkv, D] transposed to [B, Hkv, T, D]) while

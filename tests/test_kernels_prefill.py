@@ -5,20 +5,12 @@ Also: every decode reference masks slots nothing wrote (NaN in a torch.empty slo
 through `probability 0 x value`)."""
 from __future__ import annotations
 
-import os
-
+import pytest
 import torch
+from triton_env import DEV, needs_triton
 
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-
-import pytest  # noqa: E402
-
-import kernels  # noqa: E402
-from kernels import _common, attention as A, prefill as P  # noqa: E402
-
-DEV = "cuda" if torch.cuda.is_available() else "cpu"
-HAVE_KERNELS = kernels.HAVE_TRITON and (torch.cuda.is_available() or _common.interpreter_active())
+import kernels
+from kernels import attention as A, prefill as P
 
 
 def brute_mass(q, k, scale, q_pos, k_pos, w):
@@ -55,7 +47,7 @@ def test_mass_reference_equals_brute_force(hidden, monkeypatch):
                                rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.skipif(not HAVE_KERNELS, reason="triton missing or imported before TRITON_INTERPRET=1")
+@needs_triton
 @pytest.mark.parametrize("hidden,weighted,dtype", [((), False, torch.float32), ((3, 17), True, torch.float32),
                                                    ((5,), True, torch.bfloat16)])
 def test_mass_kernel_matches_reference(hidden, weighted, dtype, monkeypatch):

@@ -2,23 +2,14 @@
 on the CPU through Triton's interpreter."""
 from __future__ import annotations
 
-import os
-
+import pytest
 import torch
+from triton_env import DEV, needs_triton
 
-if not torch.cuda.is_available():  # triton reads this at import time
-    os.environ.setdefault("TRITON_INTERPRET", "1")
+import kernels
+from kernels import quest as Qm
 
-import pytest  # noqa: E402
-
-import kernels  # noqa: E402
-from kernels import _common, quest as Qm  # noqa: E402
-
-pytestmark = pytest.mark.skipif(
-    not (kernels.HAVE_TRITON and (torch.cuda.is_available() or _common.interpreter_active())),
-    reason="triton missing, or imported before TRITON_INTERPRET=1 could be set (run this module alone)")
-
-DEV = "cuda" if torch.cuda.is_available() else "cpu"
+pytestmark = needs_triton
 
 
 @pytest.fixture(autouse=True)
