@@ -21,7 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
-from kernels.kmeans import kmeans_assign, kmeans_assign_update
+from kernels.kmeans import kmeans_assign_update
 
 METRICS = ("dot", "cosine")
 
@@ -44,14 +44,6 @@ def init_indices_many(specs) -> list[torch.Tensor]:
         return list(pool.map(lambda s: init_indices(*s), specs))
 
 
-def assign(x: torch.Tensor, c: torch.Tensor, metric: str = "dot") -> torch.Tensor:
-    """Index of the best centroid per key: x [G, n, D], c [G, k, D] -> int64 [G, n] (kernels.kmeans_assign:
-    fp32 scores of x.dtype inputs, ties to the lowest index; one Triton kernel on the GPU)."""
-    if metric == "cosine":
-        x, c = _unit(x).to(x.dtype), _unit(c)
-    return kmeans_assign(x, c)
-
-
 def _unit(t: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.normalize(t.float(), dim=-1)
 
@@ -64,9 +56,9 @@ def kmeans(x: torch.Tensor, k: int, iters: int, seed: int = 0, metric: str = "do
     `init_period` p: group g starts from the initial indices drawn for group g % p (the caller's
     groups are (sequence, KV head) with the head fastest: p = KV heads makes a sequence's clusters
     independent of its place in the batch). None = one draw per group. `init`: those draws made
-    beforehand, init_indices(p, n, k, seed) (init_indices_many draws several layers' at once). A group that converged stays
-    put while others iterate (its assignment, hence its centroids, no longer change), so the result
-    of each group does not depend on the others.
+    beforehand, init_indices(p, n, k, seed) (init_indices_many draws several layers' at once). A
+    group that converged stays put while others iterate (its assignment, hence its centroids, no
+    longer change), so the result of each group does not depend on the others.
 
     Returns (centroids fp32 [G, k, D], assignment int64 [G, n], sizes int64 [G, k], iterations run).
     Every centroid is the mean of the keys assigned to it (the last assignment); a cluster that
