@@ -15,7 +15,6 @@ lychee student layer 0 is then forced to retrieval (p_full[0, :] = 1 in the code
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -105,7 +104,7 @@ def train(cfg: DictConfig, model=None, tokenizer=None) -> dict:
     curves = {"steps": [], "density": [], "distill": [], "reg": [], "lambda": [], "lr": [], "retrieval_prob": [],
               "gate_states": {}, "context_len": []}
     logger = _Wandb(cfg)
-    pdf_steps = set(int(x) for x in cfg.log.pdf_steps)
+    pdf_steps = {int(x) for x in cfg.log.pdf_steps}
     reuse = int(cfg.get("steps_per_sample", 1))
     ckpt = _path(cfg.checkpoint) if cfg.get("checkpoint") else None
     start = _resume(ckpt, gate, opt, sched, lag, gen, data, curves) if ckpt and ckpt.exists() else 0
@@ -211,11 +210,10 @@ def _path(p) -> Path:
 
 
 def _commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
-                              timeout=10).stdout.strip()
-    except Exception:  # pragma: no cover
-        return "unknown"
+    """git's short HEAD, or HARNESS_COMMIT on a copy of the tree without .git (the GPU machine)."""
+    from runners.results import git_commit
+
+    return git_commit() or "unknown"
 
 
 def _bar(total: int, enabled: bool):

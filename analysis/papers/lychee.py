@@ -275,31 +275,7 @@ TABLE1 = Impl(
 register("lychee.table1", TABLE1)
 
 
-# --- Table 3: head identification methods; Tables 5-6 / Fig. 5: selection strategies -----------------
-T3_RECIPES = {"passkey-direct": "Direct Optimize", "passkey-hardconcrete": "Hard Concrete",
-              "passkey-hardkuma": "HardKuma (Ours)"}
-TIDAL8 = "task.subsets=tidal8"
-
-TABLE3 = Impl(
-    title="Head identification: direct optimisation, HardConcrete, HardKuma (LycheeDecode Table 3)",
-    sweeps={"paper": [[*T1_TASK, TIDAL8, "model=llama3", "method=lychee", "method.budget=4096",
-                       "method.recipe=" + ",".join(T3_RECIPES)]]},
-    label=lambda v: ("", T3_RECIPES[v["method.recipe"]], "Passkey Retrieval"),
-    render=lambda item, impl, df, profile, out: _table_render(item, impl, df, profile, out, """
-Notes. Each row reads the head file of its recipe (methods/heads/llama3-<recipe>.json; train them with
-`python -m runners.train_heads model=llama3 model.path=DIR recipe=<recipe>`), LycheeDecode K=4096, the
-8 LongBench tasks of Table 1 in one run: ours is the mean over all samples (the paper averages the 8
-task scores; LongBench's subsets hold 150-200 samples, so the two differ slightly). The HotpotQA column
-(heads trained on HotpotQA) is not reproduced: no HotpotQA training data here.
-""", "Method / Training data"),
-    paper=paper_rows("lychee.table3"),
-    setup={"paper": "Llama-3-8B-Instruct-Gradient-1048k, LycheeDecode K=4096 with heads from each recipe."},
-    paper_setup=setup_text("lychee.table3"),
-    metric="score", data=(longbench(T1_SUBSETS),),
-    data_note="Each row also needs its recipe's heads (methods/heads/llama3-<recipe>.json, trained by "
-              "`python -m runners.train_heads`), not here either.",
-)
-register("lychee.table3", TABLE3)
+# --- Tables 5-6 / Fig. 5: selection strategies (Table 3: lychee_table3.py) ----------------------
 
 T5_MODES = [("topk", "budget", [1024, 2048, 4096]), ("topp", "top_p", [0.99, 0.995, 0.999]),
             ("threshold", "threshold", ["1e-4", "1e-5", "1e-6"]), ("ratio", "ratio", [0.7, 0.8, 0.9])]
