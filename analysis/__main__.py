@@ -181,7 +181,7 @@ def cmd_render(args) -> int:
         cells = _cells(item, args, results=None)          # the table comes from the committed rows only
         draw = impl.render
         if not any(c.run for c in cells):
-            if not nodata.applies(impl, args.overrides):
+            if not nodata.applies(impl, args.overrides, args.profile):
                 raise MissingResults(
                     f"{item.key} [{args.profile}]: no rows for any cell (none under {args.rows}/ nor {args.results}/); "
                     f"nothing written. Produce them: `make {item.target()} PROFILE={args.profile}` (embedded on a "

@@ -36,10 +36,13 @@ MMLU = Dataset("MMLU", ("57 subjects, dev and test",), "the hub's cais/mmlu", "t
                "MMLU's release layout: <dir>/dev/<subject>_dev.csv, <dir>/test/<subject>_test.csv")
 
 
-def applies(impl: Impl, overrides: list[str]) -> bool:
-    """Whether no rows means "no data here": the item is data-bound and the command gave no data (with
-    task.data_dir given, no rows means runs not done yet: render fails as for any other item)."""
-    return bool(impl.data) and not any(o.lstrip("+").startswith("task.data_dir=") for o in overrides)
+def applies(impl: Impl, overrides: list[str], profile: str | None = None) -> bool:
+    """Whether no rows means "no data here": the item is data-bound in this profile (a data set of another
+    profile only, e.g. lychee.table3's LongBench for `paper` beside an embedded profile on generated data,
+    does not count) and the command gave no data (with task.data_dir given, no rows means runs not done
+    yet: render fails as for any other item)."""
+    bound = any(d.profile in (None, profile) for d in impl.data) if profile else bool(impl.data)
+    return bound and not any(o.lstrip("+").startswith("task.data_dir=") for o in overrides)
 
 
 def line(item: Item, profile: str) -> str:

@@ -110,12 +110,14 @@ def train(cfg: DictConfig, model=None, tokenizer=None) -> dict:
     start = _resume(ckpt, gate, opt, sched, lag, gen, data, curves) if ckpt and ckpt.exists() else 0
     budget_s = 60 * float(cfg.get("max_minutes") or 0)
     t0 = time.time()
+    wall0 = float(curves.get("wall_s", 0.0))   # the earlier calls' training time (a resumed run)
     bar = _bar(steps, cfg.log.progress)
     bar.update(start)
     for step in range(start, steps):
         # checkpoints fall on sample boundaries (a sample's cache and teacher are not saved)
         if ckpt and step > start and step % reuse == 0 and (step % int(cfg.get("checkpoint_every", 50)) < reuse
                                                              or (budget_s and time.time() - t0 > budget_s)):
+            curves["wall_s"] = round(wall0 + time.time() - t0, 1)
             _save(ckpt, step, gate, opt, sched, lag, gen, data, curves)
             if budget_s and time.time() - t0 > budget_s:
                 bar.close()
@@ -166,7 +168,7 @@ def train(cfg: DictConfig, model=None, tokenizer=None) -> dict:
                 gate.final, "target_density": float(cfg.target_density), "final_density": float(gate.density().detach()),
                 "expected_l0": float(gate.density().detach()) * roles.numel(), "loss": cfg.loss, "mask": s.mask,
                 "data": OmegaConf.to_container(d, resolve=True), "device": str(device), "dtype": str(dtype),
-                "wall_s": round(time.time() - t0, 1), "seed": int(cfg.seed), "steps_per_sample": reuse, "lr": float(cfg.lr)}
+                "wall_s": round(wall0 + time.time() - t0, 1), "seed": int(cfg.seed), "steps_per_sample": reuse, "lr": float(cfg.lr)}
     headfile.save(out_path, model=model_name, recipe=cfg.recipe, roles=roles.tolist(), scores=scores.tolist(),
                   score=training["final"], training=training)
     curves_path = _path(cfg.curves) if cfg.curves else ROOT / "results" / "train_heads" / f"{model_name}-{cfg.recipe}.json"

@@ -95,3 +95,34 @@ def test_longbench_items_cover_the_paper_cells():
     t1 = expand(catalogue.get("lychee.table1").impl.sweeps["paper"], [], catalogue.get("lychee.table1").impl.label)
     star = [c for c in t1 if c.row.startswith("DuoAttention*")]
     assert star and all(float(c.values["method.head_scale"]) == 2 for c in star)
+
+
+def test_table3_embedded_rows_read_the_trained_files_and_a_same_size_random_control():
+    """lychee.table3 embedded: one cell per (row, passkey length); the random rows draw exactly as many
+    retrieval heads as the committed HardKuma file (the issue's "same size" check, seeds 0-2), and so does
+    Table 4's control row; every SmolLM2 head file was trained on the GPU with layer 0 forced, and the
+    HardKuma / HardConcrete Lagrangian met the density target (within 0.002 of 0.09375)."""
+    from analysis.papers import lychee as L, lychee_table3 as T
+    from methods import headfile
+
+    impl = catalogue.get("lychee.table3").impl
+    cells = expand(impl.sweeps["embedded"], [], impl.label)
+    labels = {(c.block, c.row, c.col) for c in cells}
+    assert len(labels) == len(cells) == 2 * (1 + len(T.T3_RECIPES) + len(T.SMOL_SEEDS))
+    kuma = headfile.resolve("auto", model="smollm2", recipe="passkey-hardkuma", num_layers=30, num_kv_heads=3,
+                            force_layer0=True, method="LycheeDecode")
+    randoms = [str(c.values.get("method.heads", "")) for c in cells]
+    randoms = [h for h in randoms if h.startswith("random:")] + [L.SMOL_RANDOM_HEADS.split("=", 1)[1]]
+    assert len(randoms) == 2 * len(T.SMOL_SEEDS) + 1
+    drawn = set()
+    for spec in randoms:
+        hs = headfile.resolve(spec, model="smollm2", recipe="-", num_layers=30, num_kv_heads=3,
+                              force_layer0=True, method="LycheeDecode")
+        assert hs.count == kuma.count == L.smol_heads()
+        drawn.add(hs.roles)
+    assert len(drawn) == len(T.SMOL_SEEDS) and kuma.roles not in drawn
+    for recipe in T.T3_RECIPES:
+        data = json.loads(headfile.head_path("smollm2", recipe).read_text())
+        assert data["recipe"] == recipe and all(data["heads"][0]) and data["training"]["device"] == "cuda"
+        if recipe != "passkey-direct":
+            assert abs(data["training"]["final_density"] - data["training"]["target_density"]) < 0.002

@@ -21,6 +21,7 @@ rows are all zero and compare nothing; the paper profile is the reproduction. Se
 """
 from __future__ import annotations
 
+import json
 import math
 
 from analysis import render
@@ -28,6 +29,7 @@ from analysis.catalogue import Impl, register
 from analysis.nodata import longbench
 from analysis.papers_data import rows as paper_rows, setup_text
 from analysis.shared_data import EMBEDDED_RULER
+from methods.headfile import HEADS_DIR
 
 T2_SETS = {"gaokao2023en": "Gaokao2023En", "minerva_math": "Minerva", "aime": "AIME24", "olympiadbench": "OlympiadBench"}
 T2_MODELS = {"r1_llama_8b": "DeepSeek-R1-Distill-Llama-8B", "r1_qwen_7b": "DeepSeek-R1-Distill-Qwen-7B",
@@ -135,9 +137,24 @@ T4_TASKS = {"niah_single_1": "single", "niah_multikey_1": "multikey", "niah_mult
 T4_NAMES = {"full": "Full Attention", "lychee": "LycheeDecode"}
 
 
-# the embedded head file (methods/heads/smollm2-passkey-hardkuma.json) holds 13 retrieval heads: layer 0's 3
-# (forced) + 10; the control row draws those 10 at random (`random:0:10`), same count, same budget
-SMOL_RANDOM_HEADS = "method.heads=random:0:10"
+# the embedded head files (methods/heads/smollm2-<recipe>.json, trained on the GPU: methods/heads/README.md)
+# always hold layer 0's 3 KV heads (forced); the random controls draw the rest of the HardKuma file's count
+# outside layer 0 (`random:SEED:N`), same count, same budget
+SMOL_FIRST_LAYER = 3
+
+
+def smol_heads(recipe: str = "passkey-hardkuma") -> int | None:
+    """Retrieval KV heads of the embedded head file of a recipe (layer 0's included); None if it is missing."""
+    path = HEADS_DIR / f"smollm2-{recipe}.json"
+    return int(json.loads(path.read_text())["retrieval_heads"]) if path.exists() else None
+
+
+def smol_random(seed: int) -> str:
+    """`random:SEED:N`: as many retrieval heads as the HardKuma file, layer 0 forced, the rest at random."""
+    return f"random:{seed}:{max(0, (smol_heads() or 0) - SMOL_FIRST_LAYER)}"
+
+
+SMOL_RANDOM_HEADS = f"method.heads={smol_random(0)}"
 
 
 def _t4_sweeps(model: str, lengths: list[int], tasks: list[str], n: int, lychee: list[str],
@@ -155,7 +172,7 @@ def t4_label(v: dict) -> tuple[str, str, str]:
     return name, f"{int(v['task.lengths'][0]) // 1024}k", T4_TASKS[v["task.tasks"][0]]
 
 
-T4_NOTES = """
+T4_NOTES = f"""
 Notes. One run per (method, length, task): the cell is that task's RULER score (string_match_all /
 _part per sample, x100). The paper's Avg. column has no counterpart here (cells may differ in n).
 LycheeDecode: budget 4096 (paper profile; embedded 512), 128 sinks + 256 recent counted in it, the
@@ -164,8 +181,8 @@ model's committed head file. Samples per task: not stated in the paper; 100 here
 qa_2 need SQuAD / HotpotQA, not available offline: their cells stay empty), 20 samples per task, the
 essay haystack from ../shared/data and nltk's untrained punkt splitter (no punkt_tab data offline).
 The embedded profile adds a control row: LycheeDecode with as many retrieval heads as the trained file
-(13 of 90: layer 0's 3 + 10) drawn at random (`method.heads=random:0:10`), to show what the trained roles
-are worth at the same cost.
+({smol_heads()} of 90: layer 0's 3 + the rest drawn at random, `{SMOL_RANDOM_HEADS}`), to show what the
+trained roles are worth at the same cost.
 """
 
 TABLE4 = Impl(

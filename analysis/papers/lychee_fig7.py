@@ -5,9 +5,10 @@ and the Kumaraswamy PDFs of two heads at a few steps. From bench/train_curves.py
 runners/train_heads.py records).
 
 The paper trains Llama-3-8B-Instruct-1048k for 1000 steps (lr 0.01) and plots layer 8 head 0 and layer
-10 head 0. Ours is the embedded recipe of the committed SmolLM2 head file (CPU, 60 steps, lr 0.03,
-contexts 250-500 tokens): the PDF panels show the head whose final probability is highest and the one
-whose is lowest outside layer 0 (forced retrieval). The numbers the text states are facts about the
+10 head 0. Ours is a short CPU recipe on SmolLM2 (60 steps, lr 0.03, contexts 250-500 tokens; the
+committed SmolLM2 head files come from 1000 GPU steps at 1K-7K, methods/heads/README.md): the PDF
+panels show the head whose final probability is highest and the one whose is lowest outside layer 0
+(forced retrieval). The numbers the text states are facts about the
 paper's run; ours are the share of heads still "grey" (0.4-0.6) at the last step, for both gates.
 """
 from __future__ import annotations
@@ -106,8 +107,8 @@ def render_fig7(item, impl, sources, out):
 register("lychee.fig7", Impl(
     title="Training dynamics: P(retrieval) per head over steps, Kumaraswamy PDFs (LycheeDecode Fig. 7)",
     sweeps={}, label=lambda v: ("", "", ""), render=None, metric="prob",
-    setup={"embedded": "bench/train_curves.py on SmolLM2-135M-Instruct, the committed head file's CPU recipe "
-                       "(methods/heads/README.md), DuoAttention's direct gates and LycheeDecode's HardKuma side by "
+    setup={"embedded": "bench/train_curves.py on SmolLM2-135M-Instruct, a short CPU recipe "
+                       "(60 steps at 250-500 tokens), DuoAttention's direct gates and LycheeDecode's HardKuma side by "
                        "side", "paper": "bench/train_curves.py (give the model's weights and the reference recipe)"},
     paper_setup="Llama-3-8B-Instruct-1048k, 1000 steps, lr 0.01, DuoAttention vs LycheeDecode; PDFs of layer 8 "
                 "head 0 and layer 10 head 0 at steps 0/100/200/500/1000 (images only).",

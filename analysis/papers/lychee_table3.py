@@ -13,56 +13,40 @@ something at the same cost.
 from __future__ import annotations
 
 import dataclasses
-import json
 
 from analysis.catalogue import Impl, register
 from analysis.nodata import longbench
-from analysis.papers.lychee import T1_SUBSETS, T1_TASK, _table_render
+from analysis.papers.lychee import T1_SUBSETS, T1_TASK, _table_render, smol_heads, smol_random
 from analysis.papers_data import rows as paper_rows, setup_text
 from analysis.runs import metric_stats
-from methods.headfile import HEADS_DIR
 
 T3_RECIPES = {"passkey-direct": "Direct Optimize", "passkey-hardconcrete": "Hard Concrete",
               "passkey-hardkuma": "HardKuma (Ours)"}
 TIDAL8 = "task.subsets=tidal8"
 
-# the embedded profile's head files: `python -m runners.train_heads model=smollm2 recipe=<r> ... out=<file>`
-SMOL_SCALE = "8k"   # trained at contexts up to 7K of the model's 8K (the committed -passkey-hardkuma.json: 500)
-SMOL_FILES = {r: f"methods/heads/smollm2-{r}-{SMOL_SCALE}.json" for r in T3_RECIPES}
+# the embedded profile reads SmolLM2's head file of each recipe (methods/heads/smollm2-<recipe>.json)
 SMOL_LENGTHS = [4096, 7168]
 SMOL_SEEDS = [0, 1, 2]
-SMOL_FIRST_LAYER = 3   # SmolLM2's KV heads per layer: layer 0 is forced retrieval in every set
-
-
-def smol_random_count() -> int:
-    """Retrieval heads of the embedded HardKuma file outside layer 0 (the random control draws as many)."""
-    path = HEADS_DIR.parents[1] / SMOL_FILES["passkey-hardkuma"]
-    if not path.exists():   # before the file is trained: the sweep still lists its cells
-        return 0
-    return int(json.loads(path.read_text())["retrieval_heads"]) - SMOL_FIRST_LAYER
 
 
 def _embedded_sweeps() -> list[list[str]]:
     base = ["task=passkey", "model=smollm2", "task.repeats=8",
             "task.lengths=" + ",".join(f"[{x}]" for x in SMOL_LENGTHS)]
     lychee = [*base, "method=lychee", "method.budget=512"]
-    n = smol_random_count()
-    return [[*base, "method=full"],
-            *([*lychee, f"method.heads={f}"] for f in SMOL_FILES.values()),
-            [*lychee, "method.heads=" + ",".join(f"random:{s}:{n}" for s in SMOL_SEEDS)]]
+    return [[*base, "method=full"], [*lychee, "method.recipe=" + ",".join(T3_RECIPES)],
+            [*lychee, "method.heads=" + ",".join(smol_random(s) for s in SMOL_SEEDS)]]
 
 
 def t3_label(v: dict) -> tuple[str, str, str]:
-    if "method.recipe" in v:   # paper profile
+    if "task.lengths" not in v:   # paper profile: LongBench, the training data as the column
         return "", T3_RECIPES[v["method.recipe"]], "Passkey Retrieval"
     col = f"passkey {round(int(v['task.lengths'][0]) / 1024)}K"
     if v["method"] == "full":
         return "", "Full Attention", col
-    heads = str(v["method.heads"])
+    heads = str(v.get("method.heads", "auto"))
     if heads.startswith("random:"):
         return "", f"Random heads, same count (seed {heads.split(':')[1]})", col
-    recipe = next(r for r, f in SMOL_FILES.items() if f == heads)
-    return "", T3_RECIPES[recipe], col
+    return "", T3_RECIPES[v["method.recipe"]], col
 
 
 NOTES = """
@@ -71,7 +55,7 @@ train them with `python -m runners.train_heads model=llama3 model.path=DIR recip
 LycheeDecode K=4096, the 8 LongBench tasks of Table 1 in one run: ours is the mean over all samples
 (the paper averages the 8 task scores; LongBench's subsets hold 150-200 samples, so the two differ
 slightly). The HotpotQA column (heads trained on HotpotQA) is not reproduced: no HotpotQA training data.
-Embedded profile: SmolLM2-135M, head files methods/heads/smollm2-<recipe>-8k.json (trained on the GPU,
+Embedded profile: SmolLM2-135M, head files methods/heads/smollm2-<recipe>.json (trained on the GPU,
 passkey-in-book contexts 1K-7K; each file's `training` holds its command and commit), scored on the
 passkey task (not LongBench: not available offline), so its columns are passkey lengths and its cells
 passkey accuracy, not comparable with the paper's LongBench scores. LycheeDecode K=512, 128 sinks + 256
@@ -79,14 +63,20 @@ recent included. The random rows draw as many retrieval heads as the HardKuma fi
 forced in every row), one row per draw.
 """
 
+def _counts() -> str:
+    """The embedded rows' head counts (they differ: HardConcrete and direct cut their sets otherwise)."""
+    have = ", ".join(f"{name} {smol_heads(r)}" for r, name in T3_RECIPES.items())
+    return f"Retrieval KV heads of SmolLM2's 90 (layer 0's 3 included): {have}; random rows {smol_heads()}.\n"
+
+
 TABLE3 = Impl(
     title="Head identification: direct optimisation, HardConcrete, HardKuma (LycheeDecode Table 3)",
     sweeps={"paper": [[*T1_TASK, TIDAL8, "model=llama3", "method=lychee", "method.budget=4096",
                        "method.recipe=" + ",".join(T3_RECIPES)]],
             "embedded": _embedded_sweeps()},
     label=t3_label,
-    render=lambda item, impl, df, profile, out: _table_render(item, impl, df, profile, out, NOTES,
-                                                              "Method / Training data or eval"),
+    render=lambda item, impl, df, profile, out: _table_render(item, impl, df, profile, out, NOTES + (
+        _counts() if profile == "embedded" else ""), "Method / Training data or eval"),
     paper=paper_rows("lychee.table3"),
     setup={"paper": "Llama-3-8B-Instruct-Gradient-1048k, LycheeDecode K=4096 with heads from each recipe.",
            "embedded": "SmolLM2-135M-Instruct, passkey at 4K/7K (5 depths x 8 keys), LycheeDecode K=512 with "
