@@ -63,6 +63,7 @@ recent included. The random rows draw as many retrieval heads as the HardKuma fi
 forced in every row), one row per draw.
 """
 
+
 def _counts() -> str:
     """The embedded rows' head counts (they differ: HardConcrete and direct cut their sets otherwise)."""
     have = ", ".join(f"{name} {smol_heads(r)}" for r, name in T3_RECIPES.items())
