@@ -192,8 +192,8 @@ TABLE4 = Impl(
             "embedded": _t4_sweeps("smollm2", [1024, 2048, 4096], [t for t in T4_TASKS if not t.startswith("qa")],
                                    20, ["method.budget=512"], EMBEDDED_RULER, SMOL_RANDOM_HEADS)},
     label=t4_label,
-    render=lambda item, impl, df, profile, out: _table_render(item, impl, df, profile, out, T4_NOTES,
-                                                              "Length / Task"),
+    render=lambda item, impl, df, profile, out: table_render(item, impl, df, profile, out, T4_NOTES,
+                                                             "Length / Task"),
     paper=paper_rows("lychee.table4"),
     setup={"paper": "Llama-3-8B-Instruct-Gradient-1048k, RULER 8 tasks at 4K-64K, 100 samples per task; "
                     "LycheeDecode K=4096.",
@@ -204,7 +204,7 @@ TABLE4 = Impl(
 )
 
 
-def _table_render(item, impl, df, profile, out, notes: str, row_title: str):
+def table_render(item, impl, df, profile, out, notes: str, row_title: str):
     """Rows x named columns per block, and one heat map per block (ours | paper)."""
     md = render.header(item, impl, profile, df) + render.markdown_tables(df, col_name=str, row_title=row_title) + notes
     plt = render._plt()
@@ -281,8 +281,8 @@ TABLE1 = Impl(
     title="LongBench, 8 tasks, budgets 1024/4096 (LycheeDecode Table 1)",
     sweeps={"paper": _t1_sweeps()},
     label=t1_label,
-    render=lambda item, impl, df, profile, out: _table_render(item, impl, df, profile, out, T1_NOTES,
-                                                              "Method (Budget) / Task"),
+    render=lambda item, impl, df, profile, out: table_render(item, impl, df, profile, out, T1_NOTES,
+                                                             "Method (Budget) / Task"),
     paper=paper_rows("lychee.table1"),
     setup={"paper": "the paper's models and budgets, LongBench's 8 tasks with the reference pred.py protocol."},
     paper_setup=setup_text("lychee.table1"),
@@ -328,8 +328,8 @@ TABLE56 = Impl(
     title="Selection strategies: top-k, top-p, threshold, ratio on LongBench (LycheeDecode Tables 5-6, Fig. 5)",
     sweeps={"paper": _t5_sweeps()},
     label=t5_label,
-    render=lambda item, impl, df, profile, out: _table_render(item, impl, df, profile, out, T56_NOTES,
-                                                              "Strategy / Task"),
+    render=lambda item, impl, df, profile, out: table_render(item, impl, df, profile, out, T56_NOTES,
+                                                             "Strategy / Task"),
     paper=[r for r in paper_rows("lychee.table5-6") if r["block"].startswith("Table 5")],
     setup={"paper": "Llama-3-8B-Instruct-Gradient-1048k, LycheeDecode with each rule, the 8 LongBench tasks."},
     paper_setup=setup_text("lychee.table5-6"),

@@ -16,7 +16,7 @@ import dataclasses
 
 from analysis.catalogue import Impl, register
 from analysis.nodata import longbench
-from analysis.papers.lychee import T1_SUBSETS, T1_TASK, _table_render, smol_heads, smol_random
+from analysis.papers.lychee import T1_SUBSETS, T1_TASK, table_render, smol_heads, smol_random
 from analysis.papers_data import rows as paper_rows, setup_text
 from analysis.runs import metric_stats
 
@@ -76,7 +76,7 @@ TABLE3 = Impl(
                        "method.recipe=" + ",".join(T3_RECIPES)]],
             "embedded": _embedded_sweeps()},
     label=t3_label,
-    render=lambda item, impl, df, profile, out: _table_render(item, impl, df, profile, out, NOTES + (
+    render=lambda item, impl, df, profile, out: table_render(item, impl, df, profile, out, NOTES + (
         _counts() if profile == "embedded" else ""), "Method / Training data or eval"),
     paper=paper_rows("lychee.table3"),
     setup={"paper": "Llama-3-8B-Instruct-Gradient-1048k, LycheeDecode K=4096 with heads from each recipe.",
