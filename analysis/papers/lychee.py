@@ -21,7 +21,6 @@ rows are all zero and compare nothing; the paper profile is the reproduction. Se
 """
 from __future__ import annotations
 
-import json
 import math
 
 from analysis import render
@@ -29,7 +28,7 @@ from analysis.catalogue import Impl, register
 from analysis.nodata import longbench
 from analysis.papers_data import rows as paper_rows, setup_text
 from analysis.shared_data import EMBEDDED_RULER
-from methods.headfile import HEADS_DIR
+from methods import headfile
 
 T2_SETS = {"gaokao2023en": "Gaokao2023En", "minerva_math": "Minerva", "aime": "AIME24", "olympiadbench": "OlympiadBench"}
 T2_MODELS = {"r1_llama_8b": "DeepSeek-R1-Distill-Llama-8B", "r1_qwen_7b": "DeepSeek-R1-Distill-Qwen-7B",
@@ -145,8 +144,8 @@ SMOL_FIRST_LAYER = 3
 
 def smol_heads(recipe: str = "passkey-hardkuma") -> int | None:
     """Retrieval KV heads of the embedded head file of a recipe (layer 0's included); None if it is missing."""
-    path = HEADS_DIR / f"smollm2-{recipe}.json"
-    return int(json.loads(path.read_text())["retrieval_heads"]) if path.exists() else None
+    path = headfile.head_path("smollm2", recipe)
+    return headfile.load(path).count if path.exists() else None
 
 
 def smol_random(seed: int) -> str:
