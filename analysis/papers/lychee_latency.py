@@ -90,8 +90,11 @@ random weights), K=4096; token sets (the accuracy path: top-k kernel over q̄·K
 beside the block path, the one its e2e benchmark ran (benchmark_e2e.sh: block 64 x 64 blocks).
 Issue 10's targets: >= 1.7x over full at 128K and faster than TidalDecode. At batch 1 the floors bound the
 first: (weights + the full cache) / (weights + what LycheeDecode reads) is about 1.78x at 128K (16 GB of weights
-against 17 GB / 2.6 GB of KV), so 1.7x would need LycheeDecode at 1.05x of its floor while full attention runs at
-1.06x of its own. At batch 2 the KV cache dominates and the bound rises to about 2.4x.
+against 17 GB / 2.6 GB of KV), so 1.7x needs LycheeDecode within 1.10x of its floor while full attention runs at
+1.05x of its own. Full attention's decode kernel alone reads at 1.01x of its floor at 128K; LycheeDecode's
+hybrid kernel and combine, over 32 small layers (floors of 5.6-179 us each), take 1.13 ms against 0.87; with the
+hybrid kernel exactly at its floor the step would give 1.69x (per-kernel profile, variants tried: notes/kernels.md).
+At batch 2 the KV cache dominates and the bound rises to about 2.4x.
 """
 
 
