@@ -95,6 +95,8 @@ against 17 GB / 2.6 GB of KV), so 1.7x needs LycheeDecode within 1.10x of its fl
 1.05x of its own. Full attention's decode kernel alone reads at 1.01x of its floor at 128K; LycheeDecode's
 hybrid kernel and combine, over 32 small layers (floors of 5.6-179 us each), take 1.13 ms against 0.87; with the
 hybrid kernel exactly at its floor the step would give 1.69x (per-kernel profile, variants tried: notes/kernels.md).
+The engine-wide levers, measured in the engine for both methods (`python -m bench.lever_ceiling`: weights stored
+[K, N], the RoPE and K/V-append launches removed), reach 1.70-1.71x with the fusion itself free: no margin.
 At batch 2 the KV cache dominates and the bound rises to about 2.4x.
 """
 
