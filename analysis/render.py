@@ -47,8 +47,17 @@ def frame(cells: list[Cell], impl, profile: str) -> pd.DataFrame:
     df["status"] = df["status"].fillna("paper only")
     df["n"] = df["n"].fillna(0).astype(int)
     df.insert(0, "profile", profile)
-    df.attrs["runs"] = {c.run.run_id: c.run for c in cells if c.run is not None}   # per-sample rows for renderers
+    df.attrs["runs"] = RunMap({c.run.run_id: c.run for c in cells if c.run is not None})  # per-sample rows
     return df
+
+
+class RunMap(dict):
+    """The runs behind a frame (run id -> run, rows loaded), for renderers that read per-sample rows.
+    pandas deep-copies `attrs` into the result of every operation: a plain dict of 145 runs made one
+    render of tidal.table7-12 take 5 minutes. This one is passed on by reference (it is never mutated)."""
+
+    def __deepcopy__(self, memo):
+        return self
 
 
 def _fmt(v: Any) -> str:
@@ -111,17 +120,20 @@ def _num(v):
         return (1, str(v))
 
 
-def header(item, impl, profile: str, df: pd.DataFrame) -> str:
+def header(item, impl, profile: str, df: pd.DataFrame, what: str = "") -> str:
+    """The table's head: setups, how to read a cell, cells done, runs rendered from. `what`: what a cell
+    holds when it is not a percentage (e.g. "token-weighted perplexity, 95% interval over the books")."""
     done = int((df["status"] == "done").sum())
     todo = int(df["status"].isin(["missing", "partial"]).sum())
     ni = int((df["status"] == "not implemented").sum())
     how = sorted(set(df["ci"].dropna()))
     ci = {"wilson": "95% Wilson score interval", "normal": "95% normal interval (mean +- 1.96 sd/sqrt(n))"}
+    read = (f": {what}" if what else f", {impl.metric} in %: ours = mean over the cell's n samples, [lo–hi] = its "
+                                     f"{' or '.join(ci[h] for h in how) or '95% interval'}")
     lines = [f"# {item.key}: {impl.title}", "",
              f"Profile `{profile}`. Ours: {impl.setup.get(profile, '')}",
              f"Paper: {impl.paper_setup}",
-             "", (f"Cells read `ours [lo–hi] (paper)`, {impl.metric} in %: ours = mean over the cell's n samples, "
-                  f"[lo–hi] = its {' or '.join(ci[h] for h in how) or '95% interval'}; {DASH} = no result yet; "
+             "", (f"Cells read `ours [lo–hi] (paper)`{read}; {DASH} = no result yet; "
                   f"* = partial (fewer samples than the cell needs, still running or interrupted); n = samples "
                   f"per cell (a cell with another n than its row says so). {done} cells done, {todo} missing or "
                   f"partial, {ni} not implemented.")]
