@@ -38,7 +38,7 @@ tidal-table1: install
 tidal-table2: install
 	$(ANALYSIS) make tidal.table2 $(ANALYSIS_OPTS)
 
-# tidal.fig5: PG-19 perplexity 0-32K, K=2048/4096  (not implemented yet: prints why and exits 2)
+# tidal.fig5: PG-19 perplexity 0-32K, K=2048/4096
 tidal-fig5: install
 	$(ANALYSIS) make tidal.fig5 $(ANALYSIS_OPTS)
 

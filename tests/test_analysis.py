@@ -115,7 +115,7 @@ def test_table_numbers_resolve_per_paper():
 
 
 def test_not_implemented_items_say_so(capsys):
-    assert main(["render", "tidal.fig5"]) == 2
+    assert main(["render", "tidal.fig3"]) == 2
     assert "not implemented in analysis/ yet" in capsys.readouterr().err
     assert main(["run", "tidal.fig1"]) == 2
     assert main(["table", "3", "--paper", "tidal"]) == 2
