@@ -47,3 +47,5 @@ def test_renders_token_weighted_perplexity_and_curves(tmp_path):
     assert f"Full attention (every token, the same books): {math.exp(3.05):.2f} [" in md and "(n=2)" in md
     assert "8 cells done, 1 missing" in md and "token-weighted perplexity" in md and "in %" not in md
     assert (out / "figures" / "tidal.fig5.png").stat().st_size > 1000
+    # paired on the same books: (3.2 - 3.4) per token on both books, so exp(-0.2) with no spread
+    assert f"| TD+L13 | {math.exp(-0.2):.3f} [{math.exp(-0.2):.3f}–{math.exp(-0.2):.3f}] | — | 2 |" in md
