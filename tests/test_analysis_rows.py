@@ -105,8 +105,9 @@ def _history_complete() -> str | None:
     return None
 
 
-# Three minutes on the 2-core CI machine (every item, figures included): a third of `make test`, so it runs in
-# `make test-long` (CI runs both); `make tables` before committing a table is the everyday check.
+# Every item, figures included: about a minute here (it had reached its 10-minute timeout while pandas deep-copied
+# each frame's runs, see analysis.render.RunMap), so it runs in `make test-long` (CI runs both); `make tables`
+# before committing a table is the everyday check.
 @pytest.mark.long
 def test_every_committed_table_rerenders_byte_for_byte(tmp_path, capsys):
     """`make tables` on a fresh clone: from the committed rows and benchmark JSON only (no results/
