@@ -313,3 +313,18 @@ def metric_stats(run: Run, metric: str, scale: float) -> dict[str, Any] | None:
     lo, hi, how = interval(vals)
     return {"ours": sum(vals) / len(vals) * scale, "ci_lo": lo * scale, "ci_hi": hi * scale, "ci": how,
             "n": len(vals)}
+
+
+def book_rows(run: Run) -> list[dict]:
+    """The rows of a perplexity run that scored a book (metrics nll_sum and tokens)."""
+    return [r for r in run.rows() if isinstance((r.get("metrics") or {}).get("nll_sum"), (int, float))]
+
+
+def ppl_stats(run: Run) -> dict[str, Any] | None:
+    """Token-weighted perplexity over the run's books, exp(total NLL / total predictions) as the
+    references compute it, with a 95% interval from the books as clusters (analysis.stats.token_ppl)."""
+    from analysis.stats import token_ppl
+
+    books = book_rows(run)
+    return token_ppl([float(r["metrics"]["nll_sum"]) for r in books],
+                     [int(r["metrics"]["tokens"]) for r in books]) if books else None

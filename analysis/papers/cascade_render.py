@@ -13,7 +13,9 @@ import math
 import pandas as pd
 
 from analysis import papers_data, render
-from analysis.stats import interval, token_ppl
+from analysis.runs import book_rows
+from analysis.runs import ppl_stats as run_ppl
+from analysis.stats import interval
 
 RUN_EXTRA: dict[str, dict] = {}
 MODEL_LABEL = {"llama31_8b": "LLaMA3.1-8B", "qwen2_7b": "Qwen2-7B", "smollm2": "SmolLM2-135M"}
@@ -32,10 +34,10 @@ def ppl_stats(run) -> dict | None:
     """Token-weighted perplexity over the run's books (analysis.stats.token_ppl: the reference's
     nll-total / count-total, books as clusters). Keeps the books' NLL curves (metrics.nll_curve) in
     RUN_EXTRA."""
-    rows = [r["metrics"] for r in run.rows() if isinstance((r.get("metrics") or {}).get("nll_sum"), (int, float))]
-    if not rows:
+    st = run_ppl(run)
+    if st is None:
         return None
-    st = token_ppl([float(m["nll_sum"]) for m in rows], [int(m["tokens"]) for m in rows])
+    rows = [r["metrics"] for r in book_rows(run)]
     RUN_EXTRA[run.run_id] = {"curves": [m["nll_curve"] for m in rows if isinstance(m.get("nll_curve"), list)],
                              "tokens": sum(int(m["tokens"]) for m in rows)}
     return st

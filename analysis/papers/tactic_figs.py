@@ -33,9 +33,8 @@ from analysis.papers.tactic import (
     pg19_task,
     value_table,
 )
-from analysis.runs import metric_stats
+from analysis.runs import metric_stats, ppl_stats
 from analysis.shared_data import EMBEDDED_RULER, PG19_DATA
-from analysis.stats import token_ppl
 
 PROBE = {"paper": (16, 0), "embedded": (15, 0)}          # (layer, query head) of Fig. 1's CDFs
 WEIGHTS = [0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99]         # Figs. 3-4 x axis (the paper's is not printed)
@@ -247,11 +246,6 @@ def _fig6_sweeps(profile: str) -> list[list[str]]:
              f"method.cluster_size={page}", f"method.recluster_every={budget // 2}"]]
 
 
-def _fig6_stats(run):
-    rows = [r["metrics"] for r in run.rows() if isinstance((r.get("metrics") or {}).get("nll_sum"), (int, float))]
-    return token_ppl([float(m["nll_sum"]) for m in rows], [int(m["tokens"]) for m in rows]) if rows else None
-
-
 FIG6_IMPL = Impl(
     title="PG-19 perplexity token by token, budget 1024 (Tactic Fig. 6)",
     sweeps={p: _fig6_sweeps(p) for p in PROFILES},
@@ -264,7 +258,7 @@ FIG6_IMPL = Impl(
            "embedded": "SmolLM2-135M-Instruct, the 4 PG-19 test books of shared/data, 8,000 predictions each, "
                        "token by token; budget 128 (1024 / 8; Quest page 8, StreamingLLM 4 sinks)."},
     paper_setup="Llama-3.1-8B-Instruct, PG-19 sequences of 32K tokens, token by token, budget 1024; plot only.",
-    metric="ppl", scale=1.0, aggregate=_fig6_stats,
+    metric="ppl", scale=1.0, aggregate=ppl_stats,
 )
 FIG6_NOTES = """
 Notes. Token-weighted perplexity over the books (interval: books as clusters). The runs also keep the

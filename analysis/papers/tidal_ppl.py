@@ -18,6 +18,7 @@ import pandas as pd
 from analysis import render
 from analysis.catalogue import Impl, register
 from analysis.papers.tidal import row_label
+from analysis.runs import book_rows, ppl_stats
 from analysis.shared_data import PG19_DATA
 from analysis.stats import token_ppl
 
@@ -48,13 +49,10 @@ def label(v: dict) -> tuple[str, str, object]:
 def stats(run) -> dict | None:
     """Token-weighted perplexity over the run's books (exp(total NLL / total predictions), books as
     clusters); keeps the books' NLL curves for the figure."""
-    books = [r for r in run.rows() if isinstance((r.get("metrics") or {}).get("nll_sum"), (int, float))]
-    if not books:
-        return None
-    rows = [r["metrics"] for r in books]
-    CURVES[run.run_id] = [m["nll_curve"] for m in rows if isinstance(m.get("nll_curve"), list)]
+    books = book_rows(run)
+    CURVES[run.run_id] = [r["metrics"]["nll_curve"] for r in books if isinstance(r["metrics"].get("nll_curve"), list)]
     BOOKS[run.run_id] = {r["id"]: (float(r["metrics"]["nll_sum"]), int(r["metrics"]["tokens"])) for r in books}
-    return token_ppl([float(m["nll_sum"]) for m in rows], [int(m["tokens"]) for m in rows])
+    return ppl_stats(run)
 
 
 def _cell(x) -> str:
