@@ -8,20 +8,30 @@ Protocols (`task.protocol`):
             token " A".." D" is likeliest; categories and the overall score are micro averages over
             questions (the paper's "weighted accuracy"); subject -> category from its categories.py.
             One space after "about", as lm-eval writes it (the release's format_subject adds a second).
-  cascade   the Cascading KV Cache reference's job (cascade/main/jobs/mmlu.py): 20 shots (the 5 dev
-            questions, then validation questions), each "> The following are multiple choice questions
-            (with answers) about {subject_name}.\\n\\n{n}. {q}\\n\\nA. {a}\\n...\\n\\nAnswer:{X}", joined by
-            blank lines, then "> I want you to answer the following multiple choice question about
-            {subject_name}.\\n\\n21. ..."; a letter's probability is the max over its tokens in 'A', ':A',
-            ': A', ':  A' and the lower-case forms (last token of each); the overall score is the mean of
-            the per-subject accuracies.
+  cascade   the Cascading KV Cache reference's job (jeffwillette/cascading_kv_cache cascade/main/jobs/
+            mmlu.py): 20 shots (the 5 dev questions, then validation questions), each "{n}. {q}\\n\\nA. {a}
+            \\n...\\n\\nAnswer:{X}"; a letter's probability is the max over its tokens in 'A', ':A', ': A',
+            ':  A' and the lower-case forms (last token of each); the overall score is the mean of the
+            per-subject accuracies. `task.cascade_prompt` picks the job's version:
+              one_header (default)  the job's final version (e326871, 2024-09-20, unchanged to its last
+                  commit 76c89a4), the one issue 36's audit places behind the paper's Table 4:
+                  "The following are multiple choice questions (with answers) about {subject_name}:\\n\\n",
+                  the shots joined by blank lines, then "\\n\\nI want you to answer the following multiple
+                  choice question about {subject_name}.\\n\\n21. ...Answer:".
+              per_shot_header  the job at a53e7af-02b676c (before the Table 4 run): every shot prefixed
+                  "> The following are ... about {subject_name}.\\n\\n" and the target "> I want you to
+                  answer ...", blocks joined by blank lines.
+
+Prompts longer than the model's length drop shots (`task.shots_kept`): `first` (default) keeps the first
+k shots, as the release's evaluate.py does (gen_prompt(dev_df, subject, k) with k lowered until the
+prompt fits); `last` keeps the last k (this harness's earlier rule). The test question is never cut.
+(The cascade job cut no shots: its tokenizer truncated the left of prompts at the model's 128K.)
 
 Data: the hub's `cais/mmlu` (one config per subject; splits dev / validation / test, fields question,
 choices, answer 0-3) or `task.data_dir` holding the paper's release layout (`dev/<subject>_dev.csv`,
-`val/<subject>_val.csv`, `test/<subject>_test.csv`; rows question, A, B, C, D, answer letter, no header).
-The reference read `lukaemon/mmlu`, the same questions in another layout. Prompts longer than the
-model's length keep their last shots' place: shots are dropped from the front (the paper's rule: k
-shots while the prompt fits), so the test question is never cut.
+`val/<subject>_val.csv`, `test/<subject>_test.csv`; rows question, A, B, C, D, answer letter, no header);
+a file the protocol needs that is missing is an error, never an empty split. The reference read
+`lukaemon/mmlu`, the same questions in another layout.
 """
 from __future__ import annotations
 
@@ -38,6 +48,8 @@ from tasks.base import Sample, Task, register
 LETTERS = "ABCD"
 HUB_ID = "cais/mmlu"
 PROTOCOLS = {"official": 5, "cascade": 20}
+CASCADE_PROMPTS = ("one_header", "per_shot_header")
+SHOTS_KEPT = ("first", "last")
 CASCADE_VARIANTS = ["{}", ":{}", ": {}", ":  {}"]   # the reference's candidates, upper and lower case
 
 
@@ -67,7 +79,8 @@ def _read_csv(path: Path) -> list[dict]:
 class MMLU(Task):
     name = "mmlu"
     mode = "choice"
-    SPLIT_DIRS: ClassVar[dict[str, str]] = {"dev": "dev", "validation": "val", "test": "test"}
+    # the release's folders and file suffixes: dev/<s>_dev.csv, val/<s>_val.csv, test/<s>_test.csv
+    SPLIT_FILES: ClassVar[dict[str, str]] = {"dev": "dev", "validation": "val", "test": "test"}
 
     @classmethod
     def validate(cls, cfg, model) -> None:
@@ -77,24 +90,40 @@ class MMLU(Task):
         shots = cfg.get("shots")
         if shots is not None and (isinstance(shots, bool) or not isinstance(shots, int) or shots < 0):
             raise ConfigError(f"task.shots must be an integer >= 0 or null (the protocol's), got {shots!r}")
+        for key, allowed, default in (("cascade_prompt", CASCADE_PROMPTS, "one_header"),
+                                      ("shots_kept", SHOTS_KEPT, "first")):
+            if cfg.get(key, default) not in allowed:
+                raise ConfigError(f"task.{key} must be one of {list(allowed)}, got {cfg.get(key)!r}")
         _subjects(cfg.get("subjects"))
+
+    @classmethod
+    def path(cls, root: Path, subject: str, split: str) -> Path:
+        name = cls.SPLIT_FILES[split]
+        return root / name / f"{subject}_{name}.csv"
 
     @classmethod
     def check_data(cls, cfg, model) -> None:
         if cfg.get("data_dir"):
             root = Path(str(cfg.data_dir)).expanduser()
+            shots = cfg.get("shots")
+            shots = PROTOCOLS[cfg.get("protocol", "official")] if shots is None else int(shots)
+            # more shots than the 5 dev questions: the protocol reads validation questions too
+            splits = ("dev", "validation", "test") if shots > 5 else ("dev", "test")
             for s in _subjects(cfg.get("subjects")):
-                for split in ("dev", "test"):
-                    p = root / cls.SPLIT_DIRS[split] / f"{s}_{split}.csv"
+                for split in splits:
+                    p = cls.path(root, s, split)
                     if not p.is_file():
                         raise ConfigError(f"task.data_dir {root}: no {p.relative_to(root)} (MMLU's release layout: "
-                                          f"dev/ val/ test/ folders of <subject>_<split>.csv)")
+                                          f"dev/<s>_dev.csv, val/<s>_val.csv, test/<s>_test.csv)")
 
     # data ------------------------------------------------------------------------------------------
     def split(self, subject: str, split: str) -> list[dict]:
         if self.cfg.get("data_dir"):
-            p = Path(str(self.cfg.data_dir)).expanduser() / self.SPLIT_DIRS[split] / f"{subject}_{split}.csv"
-            return _read_csv(p) if p.is_file() else []
+            root = Path(str(self.cfg.data_dir)).expanduser()
+            p = self.path(root, subject, split)
+            if not p.is_file():     # never an empty split: the protocol would silently lose shots
+                raise ConfigError(f"task.data_dir {root}: no {p.relative_to(root)} (MMLU's release layout)")
+            return _read_csv(p)
         ds = hub_data.load(self.cfg.get("hub_id") or HUB_ID, subject, split=split,
                            fix="set task.data_dir to MMLU's release folder (dev/ val/ test/ csv files)")
         return [{"question": r["question"], "choices": list(r["choices"]), "answer": int(r["answer"])} for r in ds]
@@ -107,6 +136,14 @@ class MMLU(Task):
     def shots(self) -> int:
         shots = self.cfg.get("shots")
         return PROTOCOLS[self.protocol] if shots is None else int(shots)
+
+    @property
+    def cascade_prompt(self) -> str:
+        return self.cfg.get("cascade_prompt", "one_header")
+
+    @property
+    def shots_kept(self) -> str:
+        return self.cfg.get("shots_kept", "first")
 
     def shot_pool(self, subject: str) -> list[dict]:
         pool = self.split(subject, "dev")
@@ -125,12 +162,17 @@ class MMLU(Task):
 
     def cascade_text(self, subject: str, shots: list[dict], q: dict) -> str:
         def block(x, n, target):
-            lead = (f"> I want you to answer the following multiple choice question about {subject}." if target else
-                    f"> The following are multiple choice questions (with answers) about {subject}.")
             opts = "\n".join(f"{L}. {c}" for L, c in zip(LETTERS, x["choices"]))
-            return f"{lead}\n\n{n}. {x['question']}\n\n{opts}\n\nAnswer:" + ("" if target else LETTERS[x["answer"]])
+            return f"{n}. {x['question']}\n\n{opts}\n\nAnswer:" + ("" if target else LETTERS[x["answer"]])
 
-        return "\n\n".join([block(x, i + 1, False) for i, x in enumerate(shots)] + [block(q, len(shots) + 1, True)])
+        ask = f"I want you to answer the following multiple choice question about {subject}.\n\n"
+        target = block(q, len(shots) + 1, True)
+        if self.cascade_prompt == "one_header":     # format_mmlu_plain from e326871 on
+            shots_text = "\n\n".join(block(x, i + 1, False) for i, x in enumerate(shots))
+            return (f"The following are multiple choice questions (with answers) about {subject}:\n\n"
+                    f"{shots_text}\n\n{ask}{target}")
+        head = f"> The following are multiple choice questions (with answers) about {subject}.\n\n"
+        return "\n\n".join([head + block(x, i + 1, False) for i, x in enumerate(shots)] + [f"> {ask}{target}"])
 
     def candidates(self) -> list[list[int]]:
         """Token ids whose probability stands for each letter (max over a letter's list)."""
@@ -149,7 +191,8 @@ class MMLU(Task):
                 ids = self.bos() + self.encode(text(subject, shots, q))
                 while k > 0 and self.model.too_long(len(ids)):   # drop shots until the prompt fits
                     k -= 1
-                    ids = self.bos() + self.encode(text(subject, shots[len(shots) - k:] if k else [], q))
+                    kept = shots[:k] if self.shots_kept == "first" else (shots[len(shots) - k:] if k else [])
+                    ids = self.bos() + self.encode(text(subject, kept, q))
                 if self.model.too_long(len(ids)):
                     raise ConfigError(f"MMLU {subject} test {i}: {len(ids)} tokens without shots exceed the model's "
                                       f"{self.model.max_length}")
@@ -179,7 +222,8 @@ class MMLU(Task):
         return out
 
     def describe(self) -> dict[str, Any]:
-        return {"task": self.name, "protocol": self.protocol, "shots": self.shots,
+        return {"task": self.name, "protocol": self.protocol, "shots": self.shots, "shots_kept": self.shots_kept,
+                **({"cascade_prompt": self.cascade_prompt} if self.protocol == "cascade" else {}),
                 "data": self.cfg.get("data_dir") or self.cfg.get("hub_id") or HUB_ID,
                 "score": "argmax over the letters' next-token probabilities" +
                          (" (' A'..' D')" if self.protocol == "official" else " (max over the reference's variants)"),

@@ -28,9 +28,10 @@ def test_subjects_and_categories_follow_the_release():
 
 
 def _write(root: Path, subject: str, split: str, n: int):
-    d = root / {"dev": "dev", "validation": "val", "test": "test"}[split]
+    name = {"dev": "dev", "validation": "val", "test": "test"}[split]     # the release: val/<s>_val.csv
+    d = root / name
     d.mkdir(parents=True, exist_ok=True)
-    with (d / f"{subject}_{split}.csv").open("w", newline="") as f:
+    with (d / f"{subject}_{name}.csv").open("w", newline="") as f:
         w = csv.writer(f)
         for i in range(n):
             w.writerow([f"{split} q{i} of {subject}?", f"a{i}", f"b{i}", f"c{i}", f"d{i}", "ABCD"[i % 4]])
@@ -78,30 +79,186 @@ def test_official_prompt_is_the_papers_five_shot_format(data):
     assert s.extra["candidates"] == [[ord(L)] for L in "ABCD"]      # last token of " A".." D"
 
 
-def test_cascade_prompt_is_the_references_twenty_shot_format(data):
-    task = _task(data, subjects=["abstract_algebra"], protocol="cascade")
-    s = list(task.samples())[1]
-    text = "".join(map(chr, s.input_ids))
-    blocks = text.split("\n\n> ")
-    assert len(blocks) == 9                      # 5 dev + 3 validation shots (20 wanted, 8 exist) + the target
-    assert blocks[0] == ("> The following are multiple choice questions (with answers) about abstract_algebra.\n\n"
-                         "1. dev q0 of abstract_algebra?\n\nA. a0\nB. b0\nC. c0\nD. d0\n\nAnswer:A")
-    assert blocks[5].startswith("The following are multiple choice questions (with answers) about abstract_algebra."
-                                "\n\n6. validation q0 of abstract_algebra?")
-    assert blocks[8] == ("I want you to answer the following multiple choice question about abstract_algebra.\n\n"
-                         "9. test q1 of abstract_algebra?\n\nA. a1\nB. b1\nC. c1\nD. d1\n\nAnswer:")
+# --- the reference code, transcribed (jeffwillette/cascading_kv_cache, cascade/main/jobs/mmlu.py) ------------
+# e326871 (2024-09-20) to the last commit 76c89a4: MMLU_FORMAT, MMLU_FORMAT_TARGET_QUESTION, format_mmlu,
+# get_fewshots, format_mmlu_plain (rows in lukaemon/mmlu's layout: input, A-D, target; train = dev).
+REF_FORMAT = """{number}. {question}
+
+A. {choice_a}
+B. {choice_b}
+C. {choice_c}
+D. {choice_d}
+
+Answer:"""
+REF_TARGET = """I want you to answer the following multiple choice question about {subject_name}.
+
+{number}. {question}
+
+A. {choice_a}
+B. {choice_b}
+C. {choice_c}
+D. {choice_d}
+
+Answer:{answer_placeholder}"""
+# a53e7af ("commit at submission") to 02b676c: the same blocks under a "> " header each
+REF_FORMAT_V1 = "> The following are multiple choice questions (with answers) about {subject_name}.\n\n" + REF_FORMAT
+REF_TARGET_V1 = "> " + REF_TARGET
+
+
+def ref_format_mmlu(question, number, subject_name, target_question=False, answer_placeholder="", v1=False):
+    fields = dict(subject_name=subject_name,  # noqa: C408 (transcribed) number=number, question=question['input'], choice_a=question['A'],
+                  choice_b=question['B'], choice_c=question['C'], choice_d=question['D'])
+    if not target_question:
+        return (REF_FORMAT_V1 if v1 else REF_FORMAT).format(**fields)
+    return (REF_TARGET_V1 if v1 else REF_TARGET).format(**fields, answer_placeholder=answer_placeholder)
+
+
+def ref_get_fewshots(dataset, subject_name, shift=1, v1=False):
+    few_shots = []
+    for question in dataset['train']:
+        text = ref_format_mmlu(question, len(few_shots) + shift, subject_name, v1=v1)
+        few_shots.append(text + question['target'])
+    for question in dataset['validation']:
+        text = ref_format_mmlu(question, len(few_shots) + shift, subject_name, v1=v1)
+        few_shots.append(text + question['target'])
+    return few_shots[:20]
+
+
+def ref_format_mmlu_plain(question, subject_name, few_shots):
+    text = ref_format_mmlu(question, len(few_shots) + 1, subject_name, target_question=True, answer_placeholder="")
+    questions = "\n\n".join(few_shots)
+    text = "The following are multiple choice questions (with answers) " + \
+        f"about {subject_name}:\n\n{questions}\n\n" + \
+        text
+    return text, question['target']
+
+
+def ref_format_mmlu_plain_v1(question, subject_name, few_shots):
+    text = ref_format_mmlu(question, len(few_shots) + 1, subject_name, target_question=True, v1=True)
+    return "\n\n".join(few_shots + [text]), question['target']
+
+
+def _lukaemon(root: Path, subject: str) -> dict:
+    """The fixture's csv files in lukaemon/mmlu's layout (what the reference loaded)."""
+    out = {}
+    for split, name in (("train", "dev"), ("validation", "val"), ("test", "test")):
+        with (root / name / f"{subject}_{name}.csv").open(newline="") as f:
+            out[split] = [dict(zip(("input", "A", "B", "C", "D", "target"), r)) for r in csv.reader(f) if r]
+    return out
+
+
+@pytest.mark.parametrize("version", ["one_header", "per_shot_header"])
+def test_cascade_prompt_is_the_reference_jobs(data, version):
+    task = _task(data, subjects=["abstract_algebra"], protocol="cascade", cascade_prompt=version)
+    ds = _lukaemon(data, "abstract_algebra")
+    v1 = version == "per_shot_header"
+    shots = ref_get_fewshots(ds, "abstract_algebra", v1=v1)
+    assert len(shots) == 8                       # 5 dev + 3 validation shots (20 wanted, 8 exist): val/ is read
+    plain = ref_format_mmlu_plain_v1 if v1 else ref_format_mmlu_plain
+    samples = list(task.samples())
+    assert len(samples) == 3 and task.describe()["cascade_prompt"] == version
+    for s, q in zip(samples, ds["test"]):
+        text, truth = plain(q, "abstract_algebra", shots)
+        assert "".join(map(chr, s.input_ids)) == text and s.references == [truth] and s.params["shots"] == 8
     assert s.extra["candidates"][0] == sorted({ord("A"), ord("a")})   # 'A', ':A', ': A', ... last tokens
 
 
-def test_shots_are_dropped_until_the_prompt_fits(data):
+def test_cascade_default_is_the_final_reference_version(data):
+    text = "".join(map(chr, next(iter(_task(data, subjects="anatomy", protocol="cascade").samples())).input_ids))
+    assert text.startswith("The following are multiple choice questions (with answers) about anatomy:\n\n1. dev q0")
+    assert "> " not in text and text.count("The following are") == 1
+
+
+def test_missing_validation_file_is_an_error_not_an_empty_split(data):
+    from omegaconf import OmegaConf
+
+    from tasks.mmlu import MMLU
+
+    (data / "val" / "anatomy_val.csv").unlink()
+    spec = ModelSpec(name="m", max_length=1000)
+    cfg = {"name": "mmlu", "subjects": "anatomy", "data_dir": str(data)}
+    MMLU.check_data(OmegaConf.create(cfg), spec)                  # official: 5 shots, dev is enough
+    with pytest.raises(ConfigError, match="no val/anatomy_val.csv"):
+        MMLU.check_data(OmegaConf.create({**cfg, "protocol": "cascade"}), spec)
+    with pytest.raises(ConfigError, match="no val/anatomy_val.csv"):
+        list(_task(data, subjects="anatomy", protocol="cascade").samples())
+
+
+# --- hendrycks/test evaluate.py (the MMLU release), transcribed: format_subject, format_example, gen_prompt and
+# eval()'s loop that lowers k while the prompt does not fit (crop(prompt) != prompt; here: a token budget) -------
+def ref_format_subject(subject):
+    s = ""
+    for entry in subject.split("_"):
+        s += " " + entry
+    return s
+
+
+def ref_format_example(rows, idx, include_answer=True):
+    prompt = rows[idx][0]
+    for j in range(4):
+        prompt += "\n{}. {}".format("ABCD"[j], rows[idx][j + 1])
+    prompt += "\nAnswer:"
+    if include_answer:
+        prompt += " {}\n\n".format(rows[idx][5])  # noqa: UP032 (transcribed)
+    return prompt
+
+
+def ref_gen_prompt(train_rows, subject, k=-1):
+    prompt = "The following are multiple choice questions (with answers) about {}.\n\n".format(  # noqa: UP032
+        ref_format_subject(subject))
+    if k == -1:
+        k = len(train_rows)
+    for i in range(k):
+        prompt += ref_format_example(train_rows, i)
+    return prompt
+
+
+def ref_prompt_that_fits(dev_rows, test_rows, i, subject, ntrain, fits):
+    k = ntrain
+    prompt_end = ref_format_example(test_rows, i, include_answer=False)
+    prompt = ref_gen_prompt(dev_rows, subject, k) + prompt_end
+    while not fits(prompt):
+        k -= 1
+        prompt = ref_gen_prompt(dev_rows, subject, k) + prompt_end
+    return prompt, k
+
+
+@pytest.mark.parametrize("cut", [0, 1, 150, 240])
+def test_official_prompt_and_dropped_shots_follow_the_releases_evaluate(data, cut):
+    from omegaconf import OmegaConf
+
+    from tasks.mmlu import MMLU
+
+    def rows(split):
+        name = {"dev": "dev", "test": "test"}[split]
+        with (data / name / f"anatomy_{name}.csv").open(newline="") as f:
+            return [r for r in csv.reader(f) if r]
+
+    full = next(iter(_task(data, subjects="anatomy").samples()))
+    limit = len(full.input_ids) - cut
+    cfg = OmegaConf.create({"name": "mmlu", "protocol": "official", "subjects": "anatomy", "data_dir": str(data)})
+    s = next(iter(MMLU(cfg, _Tok(), ModelSpec(name="m", max_length=limit)).samples()))
+    want, k = ref_prompt_that_fits(rows("dev"), rows("test"), 0, "anatomy", 5, lambda p: len(p) - 1 <= limit)   # -1: the space below
+    # the one documented difference: one space after "about" (lm-eval's), where format_subject writes two
+    assert "".join(map(chr, s.input_ids)) == want.replace("about  anatomy", "about anatomy", 1)
+    assert s.params["shots"] == k
+
+
+def test_shots_kept_last_is_the_option(data):
     from omegaconf import OmegaConf
 
     from tasks.mmlu import MMLU
 
     full = next(iter(_task(data, subjects="anatomy").samples()))
-    cfg = OmegaConf.create({"name": "mmlu", "protocol": "official", "subjects": "anatomy", "data_dir": str(data)})
-    s = next(iter(MMLU(cfg, _Tok(), ModelSpec(name="m", max_length=len(full.input_ids) - 1)).samples()))
-    assert s.params["shots"] == 4 and "dev q0" not in "".join(map(chr, s.input_ids))
+    cfg = OmegaConf.create({"name": "mmlu", "protocol": "official", "subjects": "anatomy", "data_dir": str(data),
+                            "shots_kept": "last"})
+    task = MMLU(cfg, _Tok(), ModelSpec(name="m", max_length=len(full.input_ids) - 1))
+    s = next(iter(task.samples()))
+    text = "".join(map(chr, s.input_ids))
+    assert s.params["shots"] == 4 and "dev q0" not in text and "dev q4" in text
+    assert task.describe()["shots_kept"] == "last"
+    with pytest.raises(ConfigError, match="task.shots_kept"):
+        MMLU.validate(OmegaConf.create({**cfg, "shots_kept": "middle"}), ModelSpec(name="m", max_length=10 ** 5))
 
 
 def test_letter_scoring_takes_each_letters_best_token(data):
