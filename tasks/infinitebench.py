@@ -16,6 +16,8 @@ En.Sum is HF-`evaluate` rougeLsum, computed with rouge-score directly (`evaluate
 Data: `task.data_dir/<task>.jsonl` or `<task>.jsonl` from the hub repo. Retr.PassKey,
 Retr.Number and Retr.KV can be generated instead (`generate: true`) as data/construct_synthetic_
 dataset.py builds them, at `gen_length` tokens of the final prompt (+-1%), reproducible from `seed`.
+Retr.KV's question starts with the "\\n" that build_kv_retrieval writes before `Key: "..."`
+(`gen_kv_newline: true`, the default; false drops it, as this harness did before: recorded in the rows).
 """
 from __future__ import annotations
 
@@ -127,13 +129,15 @@ def _uuid(rng: random.Random) -> str:
     return str(uuid.UUID(int=rng.getrandbits(128), version=4))
 
 
-def synthetic_row(task: str, units: int, depth: float, rng_state: dict) -> dict:
-    """One retrieval row with `units` noise lines (passkey, number_string) or JSON pairs (kv)."""
+def synthetic_row(task: str, units: int, depth: float, rng_state: dict, kv_newline: bool = True) -> dict:
+    """One retrieval row with `units` noise lines (passkey, number_string) or JSON pairs (kv).
+    kv_newline: the question's leading "\\n", as build_kv_retrieval writes it (False: without)."""
     if task == "kv_retrieval":
         pairs = rng_state["pairs"][:units]
         target = round(depth * (units - 1))
         ctx = "JSON data:\n{" + ", ".join(f'"{k}": "{v}"' for k, v in pairs) + "}"
-        question = f'Key: "{pairs[target][0]}"\nThe value associated with the specified key is: '
+        question = ("\n" if kv_newline else "") + \
+            f'Key: "{pairs[target][0]}"\nThe value associated with the specified key is: '
         return {"context": ctx, "input": question, "answer": pairs[target][1], "options": []}
     j = round(depth * units)
     ctx = NOISE * j + NEEDLE[task].replace("{key}", rng_state["key"]) + NOISE * (units - j)
@@ -246,7 +250,7 @@ class InfiniteBench(Task):
         depth = i / (n - 1) if n > 1 else 0.5
 
         def count(units: int) -> tuple[int, dict]:
-            row = synthetic_row(task, units, depth, state)
+            row = synthetic_row(task, units, depth, state, bool(self.cfg.get("gen_kv_newline", True)))
             return len(self.encode(task, row, truncate=False)[0]), row
 
         # never longer than what the protocol keeps untruncated
@@ -305,6 +309,8 @@ class InfiniteBench(Task):
                            "suffix: first 128 + last (M - max_new_tokens - 128) chat-wrapped ids"),
             "data": "generated (construct_synthetic_dataset.py strings)" if self.cfg.get("generate")
                     else (self.cfg.get("data_dir") or f"hub {HUB_ID}"),
+            **({"gen_kv_newline": bool(self.cfg.get("gen_kv_newline", True))}
+               if self.cfg.get("generate") and "kv_retrieval" in self.subsets else {}),
             "metric": "InfiniteBench compute_scores.py" + (
                 " (Code.Debug: InfLLM variant)" if self.protocol == "infllm" else ""),
             "en_sum_rouge": "rougeLsum F (rouge-score, no stemmer; = HF evaluate 'rouge')",

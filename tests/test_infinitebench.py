@@ -125,6 +125,46 @@ def test_generated_retrieval(smol_tokenizer, task, length):
     assert abs(len(chat.input_ids) - length) <= 0.01 * length
 
 
+def ref_kv_row(records, ans_id, nnoise):
+    """OpenBMB/InfiniteBench data/construct_synthetic_dataset.py build_kv_retrieval, one row, transcribed
+    (its random.shuffle of the records left out: `records` come in the order it would write them)."""
+    text = "JSON data:\n{"
+    t = -1
+    for item in records:
+        t += 1
+        if t == nnoise:
+            break
+        text += "\"" + item[0] + "\": \"" + item[1] + "\", "
+    text = text[:-2] + '}'
+    question = "\nKey: \"" + records[ans_id][0] + "\"\nThe value associated with the specified key is: "
+    return {"context": text, "input": question, "answer": records[ans_id][1]}
+
+
+@pytest.mark.parametrize("depth", [0.0, 0.5, 1.0])
+def test_generated_kv_row_is_the_official_construction(depth):
+    import random
+
+    rng = random.Random(3)
+    pairs = [(ib._uuid(rng), ib._uuid(rng)) for _ in range(40)]
+    units = 25
+    ours = ib.synthetic_row("kv_retrieval", units, depth, {"pairs": pairs})
+    want = ref_kv_row(pairs, round(depth * (units - 1)), units)
+    assert {k: ours[k] for k in want} == want and ours["input"].startswith("\nKey: ")
+    # InfLLM's kv template reads the quoted key as input[6:44], which holds only with the leading "\n"
+    assert ours["input"][6:44] == f'"{pairs[round(depth * (units - 1))][0]}"'
+    old = ib.synthetic_row("kv_retrieval", units, depth, {"pairs": pairs}, kv_newline=False)
+    assert old["input"] == want["input"][1:] and old["context"] == want["context"]
+
+
+def test_generated_kv_newline_is_the_default_and_recorded(smol_tokenizer):
+    kw = {"subsets": "kv_retrieval", "generate": True, "gen_length": 2048, "gen_samples": 1}
+    on, off = make(smol_tokenizer, **kw), make(smol_tokenizer, **kw, gen_kv_newline=False)
+    assert on.describe()["gen_kv_newline"] is True and off.describe()["gen_kv_newline"] is False
+    a, b = smol_tokenizer.decode(next(iter(on.samples())).input_ids), smol_tokenizer.decode(
+        next(iter(off.samples())).input_ids)
+    assert '}\n\n\nKey: "' in a and '}\n\nKey: "' in b and '}\n\n\nKey: "' not in b
+
+
 @pytest.mark.parametrize("over, msg", [
     ({"subsets": "En.Nope"}, "unknown InfiniteBench subset"),
     ({"protocol": "lm_eval"}, "protocol"),
