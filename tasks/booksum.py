@@ -15,8 +15,10 @@ summary re-tokenized and cut to 256 tokens (`tokenizer(text, truncation=True, ma
 included as there) before scoring.
 
 Scorer: Google `rouge-score` (ROUGE-1/2/L/Lsum F x100, `use_stemmer`), the de-facto Python setting.
-The Cascading paper scored with Perl ROUGE-1.5.5 through `pyrouge`, which is not available offline
-(a Perl install plus a download); its numbers are not directly comparable with these.
+The Cascading reference code (not its paper, which names no scorer) scored with Perl ROUGE-1.5.5 through
+`pyrouge` (stemmed), which is not available offline (a Perl install plus a download). pyrouge writes one
+sentence per line, so Perl's ROUGE-L is summary-level: `rougeLsum` here (newline-split sentences), not
+`rougeL` (one LCS over the whole text); both are in the rows, cascade.table2's Rouge-L column reads rougeLsum.
 Prompts longer than the model's `max_length - max_new_tokens` are cut inside the document (`truncation:
 left` keeps the end as the reference vanilla baseline did, `right` keeps the start, `none` passes them
 through for methods that stream beyond the context); the chat markup is never cut.
@@ -165,7 +167,7 @@ class BookSum(Task):
         out = {"task": self.name, "variant": self.variant,
                "data": self.cfg.get("data_dir") or self.cfg.get("hub_id") or spec["hub_id"],
                "scorer": f"rouge-score F x100 (use_stemmer={bool(self.cfg.get('use_stemmer', True))}); "
-                         "paper (Cascading) used Perl ROUGE-1.5.5 via pyrouge",
+                         "the Cascading reference code used Perl ROUGE-1.5.5 via pyrouge, whose ROUGE-L = rougeLsum",
                "system": self.cfg.get("system") or SYSTEM, "user": self.cfg.get("user") or USER,
                "truncation": self.cfg.get("truncation", "left"), "reference_mode": "per_row",
                "decoding": "greedy"}

@@ -118,3 +118,67 @@ def test_rouge_known_values():
     assert m["rouge1"] == pytest.approx(200 / 3) and m["rouge2"] == pytest.approx(400 / 7)
     assert rouge_scores("cats running", "cat runs")["rouge1"] == pytest.approx(100.0)   # Porter stemmer on
     assert rouge_scores("cats running", "cat runs", use_stemmer=False)["rouge1"] == 0.0
+
+
+# --- ROUGE-L as the Cascading reference code scores it ----------------------------------------------------------
+# jeffwillette/cascading_kv_cache cascade/main/jobs/booksum.py evaluate_rouge: pyrouge's Rouge155 (ROUGE-1.5.5.pl,
+# stemmed), which writes one sentence per line. ROUGE-1.5.5's ROUGE-L is then summary-level (Lin 2004, sec. 3.2):
+# for each reference sentence, the union of its LCS with every system sentence, each hit counted while the token
+# is still unused in both texts; R = hits / reference tokens, P = hits / system tokens, F with alpha 0.5. The Perl
+# script is not on these machines: this is that algorithm written out, with its tie rule (a match first, then up
+# when c[i-1][j] >= c[i][j-1], else left), on lower-case words so no tokenizer or stemmer takes part.
+def _lcs_positions(ref: list[str], sys: list[str]) -> set[int]:
+    c = [[0] * (len(sys) + 1) for _ in range(len(ref) + 1)]
+    for i in range(1, len(ref) + 1):
+        for j in range(1, len(sys) + 1):
+            c[i][j] = c[i - 1][j - 1] + 1 if ref[i - 1] == sys[j - 1] else max(c[i - 1][j], c[i][j - 1])
+    out, i, j = set(), len(ref), len(sys)
+    while i and j:
+        if ref[i - 1] == sys[j - 1]:
+            out.add(i - 1)
+            i, j = i - 1, j - 1
+        elif c[i - 1][j] >= c[i][j - 1]:
+            i -= 1
+        else:
+            j -= 1
+    return out
+
+
+def perl_rouge_l_summary_level(reference: str, system: str) -> float:
+    from collections import Counter
+
+    refs = [s.split() for s in reference.split("\n") if s.split()]
+    syss = [s.split() for s in system.split("\n") if s.split()]
+    left_r, left_s = Counter(w for s in refs for w in s), Counter(w for s in syss for w in s)
+    m, n, hits = sum(left_r.values()), sum(left_s.values()), 0
+    for r in refs:
+        for k in sorted(set().union(*(_lcs_positions(r, s) for s in syss))):
+            w = r[k]
+            if left_r[w] > 0 and left_s[w] > 0:
+                hits, left_r[w], left_s[w] = hits + 1, left_r[w] - 1, left_s[w] - 1
+    rec, prec = hits / m, hits / n
+    return 0.0 if hits == 0 else 100 * 2 * prec * rec / (prec + rec)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_rouge_l_column_is_the_reference_codes_summary_level_lcs(seed):
+    import random
+
+    rng = random.Random(seed)
+    words = ["the", "a", "king", "queen", "went", "to", "castle", "and", "sword", "river", "night", "day", "fought", "won", "lost"]
+
+    def text():
+        return "\n".join(" ".join(rng.choice(words) for _ in range(rng.randint(3, 12))) for _ in range(rng.randint(1, 5)))
+
+    ref, pred = text(), text()
+    got = rouge_scores(pred, ref, use_stemmer=False)
+    assert got["rougeLsum"] == pytest.approx(perl_rouge_l_summary_level(ref, pred), abs=1e-9)
+
+
+def test_summary_level_differs_from_rouge_l_and_the_table_reads_it():
+    ref, pred = "the king won\nthe queen lost", "the queen lost\nthe king won"
+    got = rouge_scores(pred, ref, use_stemmer=False)
+    assert got["rougeLsum"] == pytest.approx(100.0) and got["rougeL"] == pytest.approx(50.0)
+    from analysis.papers.cascade_tasks import ROUGE
+
+    assert {v: k for k, v in ROUGE.items()}["Rouge-L"] == "rougeLsum"

@@ -68,7 +68,9 @@ def facts_note(key: str) -> str:
     facts = papers_data.facts(key)
     if not facts:
         return ""
-    lines = ["", "Paper facts (quoted; the figure itself prints no numbers):", ""]
+    # a table prints its numbers (they are the cells' paper values); a figure's facts are all the numbers it has
+    where = "quoted from the paper's text" if ".table" in key else "quoted; the figure itself prints no numbers"
+    lines = ["", f"Paper facts ({where}):", ""]
     lines += [f"- {f['name']}: {f.get('printed', f['value'])}{' ' + f['unit'] if f.get('unit') else ''} — "
               f"\"{f['quote']}\"" for f in facts]
     return "\n".join(lines) + "\n"
@@ -81,9 +83,9 @@ def header(item, impl, profile: str, df: pd.DataFrame, what: str) -> str:
     ni = int((df["status"] == "not implemented").sum())
     lines = [f"# {item.key}: {impl.title}", "", f"Profile `{profile}`. Ours: {impl.setup.get(profile, '')}",
              f"Paper: {impl.paper_setup}", "",
-             f"Cells read `ours [lo–hi] (paper)`: {what}; {render.DASH} = no result yet; * = partial; n/i = the "
+             (f"Cells read `ours [lo–hi] (paper)`: {what}; {render.DASH} = no result yet; * = partial; n/i = the "
              f"method is not implemented on this branch; n = samples per cell. {done} cells done, {todo} missing or partial, {ni} not implemented (their methods live "
-             f"on another branch or do not exist here; the paper's numbers stay)."]
+             f"on another branch or do not exist here; the paper's numbers stay).")]
     runs = df[df["run"].fillna("") != ""]
     if len(runs):
         commits = ", ".join(sorted(set(runs["commit"].fillna("?").replace("", "?"))))

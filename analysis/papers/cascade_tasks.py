@@ -4,8 +4,11 @@ to every run and to the matching) and, without rows, render their no-data table 
 analysis/nodata.py).
 
 Booksum (tasks/booksum.py variant=cascade: the reference's Long-Data-Collections book-level set, 5%
-test split, its prompt, greedy 512 tokens, predictions cut to 256 tokens, rouge-score F x100; the
-paper used Perl ROUGE-1.5.5): cascade and StreamingLLM (one cascade) with the reference's cache
+test split, its prompt, greedy 512 tokens, predictions cut to 256 tokens, rouge-score F x100, stemmed): the
+paper names neither the scorer nor the data's source; the reference code (cascade/main/jobs/booksum.py)
+scores with Perl ROUGE-1.5.5 through pyrouge (stemmed), which reads one sentence per line, so its ROUGE-L
+is summary-level: rouge-score's `rougeLsum`, the Rouge-L column here (`rougeL`, one LCS over the whole
+text, stays in the rows). Cascade and StreamingLLM (one cascade) with the reference's cache
 2^floor(log2(L/2)) (method.cache_rule=half), stride 512, the whole book streamed (task.truncation=none);
 the vanilla baseline truncated from the left to the model's length (the reference: 32768 - 512).
 LongBench (tasks/longbench.py, the paper's six tasks, preset cascade6): cache 2^floor(log2(L/4))
@@ -22,8 +25,16 @@ import pandas as pd
 from analysis import render
 from analysis.catalogue import Impl, register
 from analysis.nodata import BOOKSUM, infinitebench, longbench
-from analysis.papers.cascade_render import (RUN_EXTRA, bars_figure, facts_note, header, model_args, multi_stats,
-                                            paper_rows, tables)
+from analysis.papers.cascade_render import (
+    RUN_EXTRA,
+    bars_figure,
+    facts_note,
+    header,
+    model_args,
+    multi_stats,
+    paper_rows,
+    tables,
+)
 
 STRIDE = 512
 
@@ -44,7 +55,8 @@ def method_row(v: dict, ours: str) -> str:
 
 # --- Table 2: Booksum ------------------------------------------------------------------------------
 BOOKSUM_MODELS = {"paper": (["llama31_8b", "qwen2_7b"], 65536), "embedded": (["smollm2"], 2048)}
-ROUGE = {"rouge1": "Rouge-1", "rouge2": "Rouge-2", "rougeL": "Rouge-L"}
+# the reference code's Perl ROUGE-L is summary-level (sentences = lines): rouge-score's rougeLsum, not rougeL
+ROUGE = {"rouge1": "Rouge-1", "rouge2": "Rouge-2", "rougeLsum": "Rouge-L"}
 BOOKSUM_LABEL = {"llama31_8b": "Llama 3.1-8B", "qwen2_7b": "Qwen 2-7B", "smollm2": "SmolLM2-135M"}
 
 
@@ -74,8 +86,9 @@ def _booksum_render(item, impl, df, profile, out):
                          "ci_hi": st.get("ci_hi", float("nan")), "n": st.get("n", x["n"]),
                          "paper": _paper(x["block"], x["row"], col)})
     full = pd.DataFrame(rows).drop_duplicates(["block", "row", "col"])
-    md = (header(item, impl, profile, full, "ROUGE F x100 (rouge-score; the paper: Perl ROUGE-1.5.5, so "
-                 "absolute values differ)") + tables(full, 2, row_title="Method") + facts_note(item.key))
+    md = (header(item, impl, profile, full, "ROUGE F x100 (rouge-score, stemmed; Rouge-L = rougeLsum, the "
+                 "summary-level ROUGE-L that the reference code's Perl ROUGE-1.5.5 computes; the paper names no "
+                 "scorer)") + tables(full, 2, row_title="Method") + facts_note(item.key))
     return render.write(out, item.key, md, full, bars_figure(full, item.key, "ROUGE"))
 
 
@@ -94,8 +107,9 @@ TABLE2 = Impl(
     setup={"paper": "llama31_8b, qwen2_7b; booksum variant=cascade (give task.data_dir: not on these machines); "
                     "cascade/StreamingLLM cache 2^floor(log2(L/2)) up to 65536, stride 512.",
            "embedded": "SmolLM2-135M-Instruct; cache 2^floor(log2(L/2)) up to 2048 (its 8K positions), stride 512."},
-    paper_setup="Llama 3.1-8B and Qwen 2-7B (Table 5: instruct), Booksum (Long-Data-Collections), cache not stated "
-                "(the code: 2^floor(log2(L/2))), Perl ROUGE-1.5.5.",
+    paper_setup="Llama 3.1-8B and Qwen 2-7B (Table 5: instruct), Booksum; cache, data source and scorer not stated "
+                "(the reference code: 2^floor(log2(L/2)), Long-Data-Collections' book-level set, Perl ROUGE-1.5.5 "
+                "via pyrouge).",
     metric="rouge1", scale=1.0, aggregate=multi_stats(list(ROUGE)), data=(BOOKSUM,),
 )
 
