@@ -120,3 +120,76 @@ def test_score_and_pass_at_1(shared_data, smol_tokenizer):
     out = summarize_pass1(rows)
     assert out["pass@1"] == pytest.approx(75.0)          # problems weigh equally: (0.5 + 1) / 2
     assert out["problems"] == 2 and out["correct"] == pytest.approx(0.6)
+
+
+# --- answers that carry a sign or brackets in another spelling (issue 36) ------------------------------------
+@pytest.mark.parametrize("gold, answer, ok", [
+    ("4e33", "\\left( 4e33 \\right)", True), ("4e33", "(4e33)", True), ("8.49e-4", "8.49e\u22124", True),
+    ("-3", "\u22123", True), ("[1,2]", "\\left[1,2\\right]", True), ("4e33", "(4e33", False),
+    ("4e33", "\\left( 5e33 \\right)", False)])
+def test_unicode_minus_and_sized_brackets_are_normalised(gold, answer, ok):
+    assert math_verify_equal(gold, answer) is ok
+
+
+# --- Qwen2.5-Math's grader (task.grader=qwen25_math) -----------------------------------------------------------
+# The modules are verbatim transcriptions of QwenLM/Qwen2.5-Math evaluation/parser.py and grader.py at a45202b:
+# each function's source must hash as the official one does (SHA-256 of its text, first 16 hex digits, taken
+# from the official files), so an edit to the transcription fails here.
+OFFICIAL_SOURCE = {
+    "parser": {"_fix_fracs": "6a6452f8dc783aac", "_fix_a_slash_b": "97111744bd2bdce3",
+               "_fix_sqrt": "8bb72a102b21d76c", "convert_word_number": "8bf5d9c8f0baf857",
+               "strip_string": "b5e75637c1f58fc7", "choice_answer_clean": "e3d6827a4332620a",
+               "extract_answer": "ba116e7f51f8d5a6"},
+    "grader": {"choice_answer_clean": "09bfe4a8b7d71730", "parse_digits": "d4046c13a698840a",
+               "is_digit": "c0f1656e0d7aee9f", "str_to_pmatrix": "ce196fdab3da6cb5", "math_equal": "473025399e77cdf3",
+               "numeric_equal": "8b5273a25a12abad", "symbolic_equal": "47871591d4491675"},
+}
+UNIT_TEXTS = ("8db5c972a62ca165", 132)     # repr() of parser.py's unit_texts literal, before its .extend
+
+
+def test_qwen_grader_is_the_official_source_verbatim():
+    import hashlib
+    import inspect
+
+    from tasks.metrics import qwen_math_grader, qwen_math_parser
+
+    for mod, names in ((qwen_math_parser, OFFICIAL_SOURCE["parser"]), (qwen_math_grader, OFFICIAL_SOURCE["grader"])):
+        for name, digest in names.items():
+            assert hashlib.sha256(inspect.getsource(getattr(mod, name)).encode()).hexdigest()[:16] == digest, name
+    units = qwen_math_parser.unit_texts[:UNIT_TEXTS[1]]
+    assert hashlib.sha256(repr(units).encode()).hexdigest()[:16] == UNIT_TEXTS[0]
+    assert qwen_math_parser.unit_texts[UNIT_TEXTS[1]:] == [t + "s" for t in units]
+
+
+@pytest.mark.parametrize("output, data_name, gold, ok", [
+    ("so \\boxed{\\frac{1}{2}}.", "math", "\\frac12", True),
+    ("the result is \\boxed 204", "aime24", "204", True),             # read here, not by the default grader
+    ("no box; the answer is 7.", "aime24", "7", True),
+    ("we get 3 and then 12", "aime24", "12", True),                   # the last number
+    ("\\boxed{(1,4.5)}", "math", "(1,\\frac{9}{2})", True),
+    ("\\boxed{0.0833333333333333}", "math", "\\frac{1}{12}", True),
+    ("\\boxed{4.5 \\text{ m}}", "minerva_math", "4.5", True),           # a trailing \\text{} unit always goes
+    ("\\boxed{5}", "aime24", "6", False)])
+def test_qwen_grader_cases(output, data_name, gold, ok):
+    from tasks.metrics.qwen_math import qwen_math_equal
+
+    assert qwen_math_equal(gold, output, data_name)[1] is ok
+
+
+def test_grader_option_is_validated_scored_and_recorded(tmp_path, smol_tokenizer):
+    data = tmp_path / "test.jsonl"
+    data.write_text('{"id": 1, "problem": "What is 200 + 4?", "answer": "204"}\n')
+    cfg = OmegaConf.merge(cfg_aime := OmegaConf.load(ROOT / "conf/task/aime.yaml"),
+                          {"data_dir": str(data), "grader": "qwen25_math", "max_new_tokens": 1024})
+    assert cfg_aime.grader == "math_verify"                                    # the default
+    spec = ModelSpec("smol", 8192, True, [])
+    tasks.get("aime").validate(cfg, spec)
+    task = tasks.build(cfg, smol_tokenizer, spec)
+    s = next(iter(task.samples()))
+    gold = s.references[0]
+    assert task.score(s, f"\\boxed {gold}")["correct"] == 1.0                 # Qwen's parser reads "\boxed 204"
+    default = tasks.build(OmegaConf.merge(cfg, {"grader": "math_verify"}), smol_tokenizer, spec)
+    assert default.score(s, f"\\boxed {gold}")["correct"] == 0.0              # hendrycks' remove_boxed does not
+    assert task.describe()["grader"] == "qwen25_math" and default.describe()["grader"] == "math_verify"
+    with pytest.raises(ConfigError, match="task.grader"):
+        tasks.get("aime").validate(OmegaConf.merge(cfg, {"grader": "exact"}), spec)

@@ -44,14 +44,23 @@ def last_boxed(text: str) -> str | None:
     return remove_boxed(last_boxed_only_string(text))
 
 
-_SCI = re.compile(r"\s*([+-]?\d+(?:\.\d+)?)[eE]([+-]?\d+)\s*")
+# a whole answer in e-notation, optionally in one pair of parentheses: "4.5e33", "( 8.49e-4 )"
+_SCI = re.compile(r"\s*(\()?\s*([+-]?\d+(?:\.\d+)?)[eE]([+-]?\d+)\s*(?(1)\))\s*")
+# \left / \right before a bracket only size it ("\left( 4e33 \right)"); "\left." and "\rightarrow" stay
+_SIZED = re.compile(r"\\(?:left|right)(?=\s*[()\[\]|])")
+
+
+def normalise_answer(ans: str) -> str:
+    """What carries no mathematical meaning, removed before math-verify reads an answer or a gold:
+    the Unicode minus U+2212 ("8.49e\u22124") becomes "-", and \\left / \\right before a bracket go."""
+    return _SIZED.sub("", ans.replace("\u2212", "-"))
 
 
 def _sci_to_latex(ans: str) -> str:
     """`4.5e33` -> `4.5\\times 10^{33}`. math-verify reads a bare `e` as Euler's number, and Minerva
-    Math golds use this notation (58 of 272); only a whole-answer match is rewritten."""
-    m = _SCI.fullmatch(ans)
-    return f"{m.group(1)}\\times 10^{{{int(m.group(2))}}}" if m else ans
+    Math golds use this notation (58 of 272); only a whole-answer match (parentheses allowed) is rewritten."""
+    m = _SCI.fullmatch(normalise_answer(ans))
+    return f"{m.group(2)}\\times 10^{{{int(m.group(3))}}}" if m else normalise_answer(ans)
 
 
 def math_verify_equal(gold: str, answer: str | None, timeout: int = 5) -> bool:
