@@ -26,7 +26,8 @@ import math
 from analysis import render
 from analysis.catalogue import Impl, register
 from analysis.nodata import longbench
-from analysis.papers_data import rows as paper_rows, setup_text
+from analysis.papers_data import rows as paper_rows
+from analysis.papers_data import setup_text
 from analysis.shared_data import EMBEDDED_RULER
 from methods import headfile
 
