@@ -227,7 +227,7 @@ def table_render(item, impl, df, profile, out, notes: str, row_title: str):
             for i in range(len(rows)):
                 for j in range(len(cols)):
                     v = grid.values[i, j]
-                    if v == v:
+                    if v == v:  # noqa: PLR0124 (false for NaN: an empty cell)
                         ax.text(j, i, f"{v:.0f}", ha="center", va="center", fontsize=5, color="w")
     fig.suptitle(f"{item.key} ({profile})", fontsize=9)
     fig.tight_layout()
