@@ -90,9 +90,10 @@ def test_booksum_expands_rouge_columns_and_longbench_means(tmp_path):
     results, out, rows = tmp_path / "runs", tmp_path / "out", tmp_path / "rows"
     for c in cells("cascade.table2"):
         if c.values["method"] == "cascade":
-            write_run(results, c.values, [{"rouge1": 30.0, "rouge2": 6.0, "rougeL": 18.0}] * 3)
+            write_run(results, c.values, [{"rouge1": 30.0, "rouge2": 6.0, "rougeL": 12.0, "rougeLsum": 18.0}] * 3)
     md = _render("cascade.table2", results, out, rows)
     assert "| Cascade (Ours) | 30.00" in md and "| 6.00" in md and "| 18.00" in md
+    assert "| 12.00" not in md          # Rouge-L is rougeLsum, the reference code's Perl ROUGE-L (summary-level)
     assert "(34.47)" in md and "| Snap KV | — (36.80)" in md   # implemented, no rows yet: empty beside the paper
     assert "no data here" not in md                            # rows: the normal table, no no-data line
     for c in cells("cascade.table9"):

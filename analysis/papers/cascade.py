@@ -24,9 +24,18 @@ from __future__ import annotations
 
 from analysis import render
 from analysis.catalogue import Impl, register
+from analysis.papers.cascade_render import (
+    MODEL_LABEL,
+    RUN_EXTRA,
+    bars_figure,
+    header,
+    lines_figure,
+    model_args,
+    paper_rows,
+    ppl_stats,
+    tables,
+)
 from analysis.shared_data import PG19_DATA
-from analysis.papers.cascade_render import (MODEL_LABEL, RUN_EXTRA, bars_figure, header, lines_figure, model_args,
-                                            paper_rows, ppl_stats, tables)
 
 SINK = 64
 STREAMING, CASCADE = "Streaming LLM", "Cascading KV Cache (Ours)"
@@ -182,7 +191,8 @@ incoming token). The paper does not state its stride here; ours is Table 1's.
     paper=paper_rows("cascade.table3"),
     setup={"paper": "llama31_8b, the first PG-19 test book (hub order), cache 2048, 64 sinks, 4 cascades, stride 1024.",
            "embedded": "SmolLM2-135M-Instruct, the first PG-19 test book of shared/data, cache 512, stride 128."},
-    paper_setup="LLaMA3.1-8B, first book of PG-19, cache 2048.",
+    paper_setup="LLaMA3.1-8B (the text; Table 5 lists ablations under LLaMA3.1-8B-Instruct and PG19 under "
+                "Meta-Llama-3-8B: which checkpoint is ambiguous), first book of PG-19, cache 2048.",
     metric="ppl", scale=1.0, aggregate=ppl_stats,
 )
 
@@ -207,7 +217,9 @@ FIG11 = Impl(
         df, lines_figure(df, f"{item.key}: perplexity by stride", "stride (tokens)", "perplexity")),
     setup={"paper": "llama31_8b, first PG-19 test book, StreamingLLM = cascade with 1 cascade, cache 2048, 64 sinks.",
            "embedded": "SmolLM2-135M-Instruct, first PG-19 test book of shared/data, cache 512."},
-    paper_setup="LLaMA3.1-8B, first PG-19 book (strides and cache not stated; no values printed).",
+    paper_setup="LLaMA3.1-8B (the text; Table 5 lists ablations under LLaMA3.1-8B-Instruct and PG19 under "
+                "Meta-Llama-3-8B: which checkpoint is ambiguous), first PG-19 book (strides and cache not stated; "
+                "no values printed).",
     metric="ppl", scale=1.0, aggregate=ppl_stats,
 )
 

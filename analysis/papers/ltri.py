@@ -165,8 +165,8 @@ def _ablations(p: str) -> list[list[str]]:
 def _ablation_label(v: dict):
     rh = "RH" if v.get("method.retrieval_heads") else "no RH"
     if "method.persistent" in v and "method.voting" in v:
-        return ("Fig. 10", f"P={'on' if v['method.persistent'] else 'off'}, {rh}, "
-                           f"V={'on' if v['method.voting'] else 'off'}", "accuracy")
+        return ("Fig. 10", (f"P={'on' if v['method.persistent'] else 'off'}, {rh}, "
+                           f"V={'on' if v['method.voting'] else 'off'}"), "accuracy")
     if "method.last_chunk" in v and v["method.last_chunk"] != 32:
         return ("Fig. 11", f"Q={v['method.last_chunk']}", "accuracy")
     if v.get("method.lam", 3) != 3 or v.get("method.max_vectors") == 32:
@@ -187,7 +187,9 @@ FIG10_14 = Impl(
            "each run stored, per layer." + (" Figs. 12/14 twice: at this profile's cap M=5 vectors per block (every "
            "lambda keeps 5) and uncapped (M=32, the block size), where lambda binds." if LAM_UNCAPPED[p] else "")
            for p in MEMORY},
-    paper_setup="Llama-3-8B-Instruct-262K, NIAH with the one-block restriction; Omega row, Q 32, lambda 3.",
+    paper_setup="Llama-3-8B-Instruct-262K, NIAH. Fig. 10 (stated): the one-block restriction, Omega row, Q 32, lambda "
+                "3. Figs. 11-13 vary Q, then lambda at Q 32, then Omega at the best Q and lambda; the restriction and "
+                "the settings they do not vary are not stated for them: Fig. 10's are applied here (inferred).",
 )
 
 for _key, _impl in {"ltri.fig1-2": FIG12, "ltri.table1": TABLE1, "ltri.fig8": FIG8,

@@ -252,7 +252,8 @@ register("lychee.fig3", _latency(
     "End-to-end decode latency (TPOT): full vs TidalDecode vs LycheeDecode, K=4096 (LycheeDecode Fig. 3)",
     "bench/lychee_tpot.py: engine TPOT, Llama-3-8B shape (random weights), batch 1 at 32K and 128K, batch 2 at "
     "128K, 16 steps.",
-    "Llama-3-8B, TPOT vs context and batch, K=4096 (GPU not stated).", TPOT_FILES, render_fig3))
+    "model not stated (Llama-3-8B inferred from Table 1), TPOT vs context and batch, K=4096 (GPU not stated).",
+    TPOT_FILES, render_fig3))
 register("lychee.fig8", _latency(
     "Budget x retrieval-head ratio: TPOT speedup over full attention (LycheeDecode Fig. 8, the speedup axis)",
     "bench/lychee_grid.py: engine TPOT at 128K, Llama-3-8B shape (random weights), batch 1, K 1024/2048/4096 x "

@@ -64,7 +64,7 @@ def _impl(title: str, paper: str) -> Impl:
 
 
 register("lychee.fig1", _impl("Per-head top-5 overlap between adjacent layers (LycheeDecode Fig. 1)",
-                              "Llama-3 (8B), the 'circle' prompt, k = 5 (heatmap only; text: head 14 of the last "
+                              "Llama-3 (size not stated), the 'circle' prompt, k = 5 (heatmap only; text: head 14 of the last "
                               "two layers 0%, head 24 100%)."))
 register("lychee.fig9-13", _impl("Top-5 overlap between adjacent layers, more prompts (LycheeDecode Figs. 10-13; "
-                                 "Fig. 9 not drawn)", "Llama-3 (8B), four reasoning prompts, k = 5 (heatmaps only)."))
+                                 "Fig. 9 not drawn)", "Llama-3 (size not stated), four reasoning prompts, k = 5 (heatmaps only)."))

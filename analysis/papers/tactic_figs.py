@@ -117,7 +117,8 @@ FIG1 = Impl(
                                                     f"method.probe_head={PROBE[p][1]}")]] for p in PROFILES},
     label=lambda v: ("", "Full attention (probe)", "CDF"),
     render=_fig1_render, setup=COMPARE_SETUP, metric="method_cdf@1", scale=100.0,
-    paper_setup="Llama-3.1-8B-Instruct, LongBench inputs, one layer and head; plot only.",
+    paper_setup="model not stated (Llama-3.1-8B-Instruct, section 4.1's, inferred), LongBench inputs, one layer and "
+                "head; plot only.",
 )
 
 
@@ -217,7 +218,8 @@ FIG5 = Impl(
     render=lambda item, impl, df, profile, out: value_table(item, impl, df, profile, out, digits=1,
                                                             ylabel="tokens for 90% of the weight", notes=FIG5_NOTES),
     setup={p: f"{COMPARE_SETUP[p].split(',')[0]}, PG-19 windows, prefixes {FIG5_LENGTHS[p]} tokens." for p in PROFILES},
-    paper_setup="Llama-3.1-8B-Instruct; the paper: the minimal budget scales linearly with the context; plot only.",
+    paper_setup="model not stated (Llama-3.1-8B-Instruct, section 4.1's, inferred); the paper: the minimal budget "
+                "scales linearly with the context; plot only.",
     metric="method_budget_global_first", scale=1.0,
 )
 FIG5_NOTES = """
