@@ -39,9 +39,8 @@ def write_run(results: Path, values: dict, metrics: list[dict], params=None) -> 
         return
     d.mkdir(parents=True)
     with open(d / "samples.jsonl", "w") as f:
-        for i, m in enumerate(metrics):
-            f.write(json.dumps({"id": f"s{i}", "params": (params or {}), "metrics": m, "device": "cpu",
-                                "dtype": "torch.float32", "timestamp": 1.0e9 + i}) + "\n")
+        f.writelines(json.dumps({"id": f"s{i}", "params": (params or {}), "metrics": m, "device": "cpu",
+                                "dtype": "torch.float32", "timestamp": 1.0e9 + i}) + "\n" for i, m in enumerate(metrics))
     (d / "summary.json").write_text(json.dumps({"config": nested(values), "n_samples": len(metrics),
                                                 "environment": {"git_commit": "abc1234"}}))
 
