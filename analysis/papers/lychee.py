@@ -69,10 +69,11 @@ def t2_label(v: dict) -> tuple[str, str, str]:
 
 T2_NOTES = """
 Notes. Ours: pass@1 with one greedy sample per problem (= accuracy). Grader: the last \\boxed{} of the
-output compared with the gold by math-verify (task.grader=math_verify; a Unicode minus and \\left/\\right
-before brackets normalised). LycheeDecode names no grader; a Qwen2.5-Math-style grader (its extract_answer,
-strip_string, math_equal: task.grader=qwen25_math) disagrees with this one on about 30% of real outputs, so
-our cells and the paper's compare only as far as the two graders agree. The paper's Avg. column is the
+output compared with the gold by math-verify (task.grader=math_verify; runs since issue 36 also normalise a
+Unicode minus and \\left/\\right before brackets, the embedded rows here were graded before). LycheeDecode
+names no grader; a Qwen2.5-Math-style grader (its extract_answer, strip_string, math_equal:
+task.grader=qwen25_math) disagrees with this one on about 30% of real outputs, so our cells and the paper's
+compare only as far as the two graders agree. The paper's Avg. column is the
 mean of its four sets; ours has no Avg. (the cells carry different n). Protocol choices and why:
 analysis/papers/lychee.py (greedy: appendix F; 128 problems: every printed value is k/128, AIME k/30).
 TidalDecode rows run a fixed K (4096 paper profile, 256 embedded) where the paper gives TidalDecode half
