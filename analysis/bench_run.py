@@ -17,10 +17,10 @@ from analysis.catalogue import BenchFile
 
 ROOT = Path(__file__).resolve().parents[1]
 ENGINE_CODE = ("bench/engine.py", "runners/engine.py", "runners/graphs.py", "runners/layer_ops.py",
-               "runners/models.py", "methods/full.py", "methods/base.py", "methods/config.py", "methods/stores.py",
-               "methods/rope.py", "kernels/_common.py", "kernels/attention.py", "kernels/prefill.py", "kernels/fused.py")
-TACTIC_CODE = ENGINE_CODE + ("bench/tactic.py", "methods/tactic.py", "methods/tactic_select.py",
-                             "kernels/tactic_select.py", "methods/kmeans.py", "kernels/kmeans.py", "methods/quest.py",
+               "runners/models.py", "methods/full.py", "methods/base.py", "methods/config.py", "methods/parts/stores.py",
+               "methods/parts/rope.py", "kernels/_common.py", "kernels/attention.py", "kernels/prefill.py", "kernels/fused.py")
+TACTIC_CODE = ENGINE_CODE + ("bench/tactic.py", "methods/tactic.py", "methods/parts/tactic_rules.py",
+                             "kernels/tactic_select.py", "methods/parts/cluster_keys.py", "kernels/kmeans.py", "methods/quest.py",
                              "methods/tidal.py")
 # Benchmark files that no catalogue item renders but the README or an issue's bar quotes (engine vs HF
 # StaticCache; bounded-cache decode at 1M vs full at the cache size; Tactic's clustering cost and decode).

@@ -4,7 +4,8 @@ Each file must come from exactly one command, which it records with the commit i
 catalogue declares that command (catalogue.BenchFile) and the code it measures. Loading a file
 checks it against the declaration and says, in words the rendered table repeats, what is wrong:
 missing, no command recorded, another command recorded, rows merged in by hand from other commands
-(left out), no commit, or stale (the measured code changed after the recorded commit, by git).
+(left out), no commit, or stale (the measured code changed after the recorded commit, by git; a pure move or rename of
+it is not a change: analysis/renames.py).
 """
 from __future__ import annotations
 
@@ -12,8 +13,11 @@ import json
 import shlex
 import subprocess
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
+
+from analysis.renames import Renames, canonical, has_code
 
 ROOT = Path(__file__).resolve().parents[1]
 # the bench scripts moved from runners/ to bench/ (commit 47602dc); older files record the old names
@@ -89,19 +93,72 @@ def _git(*args: str) -> subprocess.CompletedProcess | None:
         return None
 
 
+def _under(path: str, measures: tuple[str, ...]) -> bool:
+    return any(path == m or path.startswith(m.rstrip("/") + "/") for m in measures)
+
+
+def _blob(commit: str, path: str) -> str | None:
+    out = _git("show", f"{commit}:{path}")
+    return out.stdout if out is not None and out.returncode == 0 else None
+
+
+def edited(commit: str, measures: tuple[str, ...]) -> bool | None:
+    """Whether the code at the declared paths (their names at HEAD) was edited between `commit` and
+    HEAD; a pure move or rename is not an edit (None: git could not tell).
+
+    The whole tree's diff, renames paired by git; a file added or deleted under the paths is an edit;
+    a renamed or modified one is an edit unless its text at `commit`, with every module this diff
+    renames given its new name (analysis/renames.py: paths, dotted names, import lines), is its text at
+    HEAD; a Python file's code is compared (its syntax tree: docstrings, comments, layout and the order
+    of its imports compute nothing). A new package's `__init__.py` without code is not an edit."""
+    return _edited(str(ROOT), commit, tuple(measures))
+
+
+@lru_cache(maxsize=256)   # one answer per (checkout, commit, paths) in a process: HEAD does not move under it
+def _edited(root: str, commit: str, measures: tuple[str, ...]) -> bool | None:
+    diff = _git("diff", "-z", "--name-status", "--find-renames", commit, "HEAD")
+    if diff is None or diff.returncode != 0:
+        return None
+    words = diff.stdout.split("\0")
+    entries, i = [], 0
+    while i < len(words) and words[i]:
+        status = words[i]
+        if status[0] in "RC":
+            entries.append((status[0], words[i + 1], words[i + 2]))
+            i += 3
+        else:
+            entries.append((status[0], words[i + 1], words[i + 1]))
+            i += 2
+    moves = Renames({old: new for st, old, new in entries if st == "R"})
+    for st, old, new in entries:
+        if not (_under(new, measures) or _under(old, measures)):
+            continue
+        if st == "A" and new.endswith("__init__.py") and not has_code(_blob("HEAD", new)):
+            continue                  # the marker of a package the move made (empty, or a docstring)
+        if st not in "RM":
+            return True
+        before, after = _blob(commit, old), _blob("HEAD", new)
+        if before is None or after is None:
+            return True
+        if canonical(moves.rewrite(before, old, new), new) != canonical(after, new):
+            return True
+    return False
+
+
 def staleness(commit: str | None, measures: tuple[str, ...]) -> str | None:
     """A problem line when the measured code changed between `commit` and HEAD (or when that
-    cannot be told), None when it did not."""
+    cannot be told), None when it did not. Moving or renaming the measured files (with the imports
+    and paths that name them) changes nothing they measure: the catalogue declares their new names."""
     if not commit:
         return None                   # reported as "no commit" already
     known = _git("cat-file", "-e", f"{commit}^{{commit}}")
     if known is None or known.returncode != 0:
         return (f"freshness unknown: commit {commit} is not in this checkout's git history, so whether "
                 f"{', '.join(measures)} changed since cannot be checked")
-    diff = _git("diff", "--name-only", commit, "HEAD", "--", *measures)
-    if diff is None or diff.returncode != 0:
+    changed = edited(commit, measures)
+    if changed is None:
         return f"freshness unknown: git diff {commit} HEAD failed"
-    if not diff.stdout.strip():
+    if not changed:
         return None
     # the declared paths, not the changed files: the line then stays the same as the code moves on
     return f"stale: the code it measures ({', '.join(measures)}) changed after {commit}"

@@ -31,7 +31,7 @@ from omegaconf import OmegaConf
 import kernels
 from bench.engine import CONF, Clock, load_bench_model, provenance, release
 from methods import ModelInfo, Step, build
-from methods.rope import Rope
+from methods.parts.rope import Rope
 from runners import models
 from runners.engine import Engine
 from runners.results import environment
@@ -190,9 +190,9 @@ def suite_e2e(args, device, dtype) -> list[dict]:
 
 def suite_cacheadd(args, device, dtype) -> list[dict]:
     """Per-token cache adds of one layer's K and V (Llama-3.1-8B head shapes), nothing else."""
-    from kernels.cascade import cascade_apply
-    from methods.stores import SinkRingStore
-    from methods.stores_cascade import CascadeLayout, CascadeStore
+    from kernels.cascade_update import cascade_apply
+    from methods.parts.stores import SinkRingStore
+    from methods.parts.stores_cascade import CascadeLayout, CascadeStore
 
     Hkv, D, S, C, n = 8, 128, 64, args.cache, args.tokens
     g = torch.Generator(device=device).manual_seed(0)

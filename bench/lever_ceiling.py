@@ -20,8 +20,8 @@ import torch
 
 from bench.engine import Clock, bench_engine, load_bench_model
 from bench.lychee_tpot import method_cfg
-from methods.rope import Rope
-from methods.stores import FullStore
+from methods.parts.rope import Rope
+from methods.parts.stores import FullStore
 from runners.layer_ops import FusedOps
 
 FLAGS = {"norope": False}

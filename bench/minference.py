@@ -9,7 +9,7 @@ Per prompt length, on random bf16 q/k/v of the model's attention shape (Llama-3.
 
   minference  the method's kernel path (methods/minference.py `kernel_prefill`): rope, the index
               estimation (torch, one head at a time, as the reference's minference_prefill_kernel
-              times it), the block/column lists (kernels/minference.py) and the sparse kernel, with
+              times it), the block/column lists (kernels/block_sparse_prefill.py) and the sparse kernel, with
               the reference's fallback pattern for every head (vertical_slash 1000/6096); also each
               part alone (estimate_s, index_s, kernel_s) and the fraction of causal pairs attended;
   dense       rope + causal SDPA (flash), as bench.cascade's `layer` suite times it.
@@ -27,7 +27,7 @@ Two vertical-slash indexes per length (`--index`, row `index_mode`; default both
              timed in `seconds` and `estimate_s`, then replaced, so the totals of both modes compare.
 
 `--tune` times the kernel alone (both indexes, one length, `--tune-length`) under each launch config
-(kernels/minference_triton.CONFIG: num_warps 4/8 x num_stages 1/2/3 x pair off/on), prints a table and
+(kernels/block_sparse_prefill_triton.CONFIG: num_warps 4/8 x num_stages 1/2/3 x pair off/on), prints a table and
 writes it under the JSON's `tune` key instead of the rows; `--kernel-config` then runs the rows under
 the chosen config (recorded in `settings`). Lengths that do not fit
 the device are rows with `seconds: null` and the reason. Times are CUDA-event seconds (median of
@@ -47,9 +47,9 @@ import torch
 import kernels
 from bench.cascade import dense_layer, layer_setup
 from bench.engine import Clock, provenance
-from kernels import minference as KM
-from methods import minference_patterns as P
+from kernels import block_sparse_prefill as KM
 from methods.minference import kernel_prefill
+from methods.parts import minference_patterns as P
 from runners import models
 from runners.results import environment
 
@@ -203,7 +203,7 @@ def main(argv=None):
     ap.add_argument("--tune", action="store_true", help="time the kernel alone per launch config instead")
     ap.add_argument("--tune-length", type=int, default=None, help="--tune's length (65536 on CUDA, 512 otherwise)")
     ap.add_argument("--kernel-config", type=json.loads, default=None,
-                    help='JSON overriding kernels/minference_triton.CONFIG for this run (the method\'s path too), '
+                    help='JSON overriding kernels/block_sparse_prefill_triton.CONFIG for this run (the method\'s path too), '
                          'e.g. \'{"num_warps": 4, "num_stages": 3, "pair": true}\'')
     ap.add_argument("--device", default="auto")
     ap.add_argument("--dtype", default="auto")
@@ -214,7 +214,7 @@ def main(argv=None):
     dtype = models.resolve_dtype(args.dtype, device)
     q = torch.empty(0, device=device)
     if args.kernel_config:
-        from kernels import minference_triton
+        from kernels import block_sparse_prefill_triton as minference_triton
 
         assert set(args.kernel_config) <= set(minference_triton.CONFIG), args.kernel_config
         minference_triton.CONFIG.update(args.kernel_config)

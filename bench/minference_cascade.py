@@ -37,8 +37,8 @@ import kernels
 from bench.cascade import layer_setup, stream_layer
 from bench.engine import provenance
 from bench.minference import MODES, attempt, nearest_index
-from methods import minference_patterns as P
 from methods.minference_cascade import MInferenceCascade, MInferenceCascadeConfig
+from methods.parts import minference_patterns as P
 from runners import models
 from runners.results import environment
 

@@ -3,7 +3,7 @@
     python -m bench.tactic_heads OUT.json [run.py overrides ...]   (method=tactic method.diagnostics=true)
 
 Runs run.py with two read-only taps: the fitted curve of Algorithm 1 (methods.tactic.fit_curve) and
-the diagnostics probe (methods.tactic_probe.Probe.record, which has the exact probabilities along each
+the diagnostics probe (methods.parts.tactic_probe.Probe.record, which has the exact probabilities along each
 head's cluster-sorted list). For every layer and query head of the first sample's first decoding step
 it writes: the mass the head obtained, Tactic's estimated / exact softmax denominator (z_ratio), the
 tokens attended, the cluster-optimal count, the exact set's mass, the curve (a, b, window means), the
@@ -16,7 +16,7 @@ import json
 import runpy
 import sys
 
-import methods.tactic_probe as probe
+import methods.parts.tactic_probe as probe
 from methods import tactic
 
 _fit, _record, _last, rows, seen = tactic.fit_curve, probe.Probe.record, {}, [], set()

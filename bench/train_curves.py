@@ -1,7 +1,7 @@
 """Head-identification training curves for lychee.fig7 (P(retrieval) per head over steps, Kumaraswamy PDFs).
 
-Runs runners.train_heads with the Hydra overrides given, its head file to a scratch path (method=lychee
-and method=duo read the committed head files, which `python -m runners.train_heads` writes itself), and
+Runs offline.train_heads with the Hydra overrides given, its head file to a scratch path (method=lychee
+and method=duo read the committed head files, which `python -m offline.train_heads` writes itself), and
 writes the curves it records (per logged step: density, losses, P(retrieval) per layer x KV head; gate
 states at log.pdf_steps) with the command and commit, as every benchmark file, to --out:
 
@@ -27,7 +27,7 @@ def main(argv=None):
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
-    from runners.train_heads import train
+    from offline.train_heads import train
 
     bad = [o for o in args.overrides if o.split("=", 1)[0].lstrip("+~") in ("out", "curves", "checkpoint")]
     if bad:

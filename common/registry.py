@@ -16,7 +16,7 @@ class Registry:
     def __init__(self, kind: str, package: str, skip: tuple[str, ...] = ()):
         self.kind = kind              # "method" | "task": the word used in error messages
         self.package = package        # the package whose modules register into this registry
-        self.skip = set(skip)         # helper modules that hold no registered class
+        self.skip = set(skip)         # top-level modules that hold no registered class (the interface)
         self._classes: dict[str, type] = {}
         self._loaded = False
 
@@ -30,12 +30,13 @@ class Registry:
         return cls
 
     def load(self) -> None:
-        """Import every module of the package once (each one registers its classes)."""
+        """Import every top-level module of the package once (each one registers its classes); its
+        subpackages (a method's shared parts, a task's scorers) register nothing and are not scanned."""
         if self._loaded:
             return
         pkg = importlib.import_module(self.package)
         for mod in pkgutil.iter_modules(pkg.__path__):
-            if mod.name not in self.skip and not mod.name.startswith("_"):
+            if not mod.ispkg and mod.name not in self.skip and not mod.name.startswith("_"):
                 importlib.import_module(f"{self.package}.{mod.name}")
         self._loaded = True
 

@@ -1,4 +1,4 @@
-"""Tactic's k-means steps (methods/kmeans.py) as one Triton kernel: each key's centroid of highest dot
+"""Tactic's k-means steps (methods/parts/cluster_keys.py) as one Triton kernel: each key's centroid of highest dot
 product, without the [keys x clusters] score matrix, and optionally (the update) the per-cluster sums
 and sizes of the keys so assigned, in the same pass.
 

@@ -25,7 +25,7 @@ import kernels
 from common.errors import ConfigError, HarnessError
 from methods.base import Method, register
 from methods.config import ChunkedPrefill, option
-from methods.stores import FullStore
+from methods.parts.stores import FullStore
 
 _ELEMS = 1 << 24  # gathered key elements per block of prefill queries (bounds the torch path's memory)
 

@@ -10,8 +10,8 @@ default: every reference script passes --head_reduction max). Keys are cached be
 re-rotated each step at contiguous positions in cache order (sinks 0..S-1, then the deepest cascade
 first, cascade 0's newest last; queries right after), as StreamingLLM does. The prompt streams
 through the cache in strides (`stride`): each chunk attends [sinks | cache | itself, causally] and
-its tokens then enter the cache one by one (methods/stores_cascade.py: the update rule and plans;
-kernels/cascade.py: the update kernel; kernels/cascade_attention.py: attention + EMA mass).
+its tokens then enter the cache one by one (methods/parts/stores_cascade.py: the update rule and plans;
+kernels/cascade_update.py: the update kernel; kernels/cascade_attention.py: attention + EMA mass).
 
 Differences from the reference, on purpose: scores are kept in fp32 (the reference keeps them in the
 model dtype, fp16, where (1 - beta) * p with beta = 0.9999999 mostly rounds to 0 and most comparisons
@@ -27,12 +27,12 @@ from dataclasses import dataclass
 import torch
 
 from common.errors import ConfigError, HarnessError
-from kernels.cascade import cascade_apply
 from kernels.cascade_attention import rotated_decode_mass, strided_attention
+from kernels.cascade_update import cascade_apply
 from kernels.fused import rope as rotate
 from methods.base import Method, register
 from methods.config import MethodConfig, option
-from methods.stores_cascade import CascadeLayout, CascadeStore
+from methods.parts.stores_cascade import CascadeLayout, CascadeStore
 
 REDUCTIONS = ("max", "mean", "median")
 

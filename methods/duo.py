@@ -1,7 +1,7 @@
 """DuoAttention (mit-han-lab/duo-attention), LycheeDecode's baseline: retrieval KV heads attend every
 token, streaming KV heads only the first `sink` tokens and the `recent` tokens before the current one
 (plus it), from a head file of the same kind as LycheeDecode's (its own recipe: DuoAttention's gate
-training, `python -m runners.train_heads method=direct`).
+training, `python -m offline.train_heads method=direct`).
 
 Reference behaviour (duo_attn/patch/static_kv_cache.py): a decode step appends the token to the
 streaming cache of sink + recent slots and attends all of them, then evicts back to sink + recent;
@@ -17,10 +17,10 @@ from dataclasses import dataclass
 
 from common.errors import ConfigError
 from kernels.hybrid import hybrid_decode, streaming_prefill_attention
-from methods import headfile, lychee_sets
 from methods.base import register
 from methods.config import option
 from methods.lychee import HeadConfig, HybridHeads
+from methods.parts import headfile, lychee_sets
 
 
 @dataclass(frozen=True)

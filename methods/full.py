@@ -6,7 +6,7 @@ from dataclasses import dataclass
 import kernels
 from methods.base import Method, register
 from methods.config import ChunkedPrefill
-from methods.stores import FullStore
+from methods.parts.stores import FullStore
 
 
 @dataclass(frozen=True)

@@ -30,11 +30,11 @@ import torch
 
 import kernels
 from common.errors import ConfigError, HarnessError
-from methods import selection
 from methods.base import Method, register
 from methods.config import ChunkedPrefill, option
-from methods.rope import rotate_half
-from methods.stores import BoundedStore, FullStore
+from methods.parts import selection
+from methods.parts.rope import rotate_half
+from methods.parts.stores import BoundedStore, FullStore
 
 
 @dataclass(frozen=True)

@@ -29,9 +29,9 @@ from kernels.lse import decode_attention_lse, merge_attention, sparse_decode_tok
 from kernels.window import FAR, window_attention_lse, window_mass
 from methods.base import Method, register
 from methods.config import MethodConfig, option
-from methods.rope import rotate_half
-from methods.selection import top_first
-from methods.stores_blocks import BlockMemory, WindowRing
+from methods.parts.rope import rotate_half
+from methods.parts.selection import top_first
+from methods.parts.stores_blocks import BlockMemory, WindowRing
 
 
 @dataclass(frozen=True)

@@ -27,8 +27,8 @@ from kernels.lse import decode_attention_lse, merge_attention, sparse_decode_tok
 from kernels.window import FAR, window_attention_lse
 from methods.base import Method, register
 from methods.config import MethodConfig, option
-from methods.rope import rotate_half
-from methods.stores import SinkRingStore
+from methods.parts.rope import rotate_half
+from methods.parts.stores import SinkRingStore
 
 _HIDDEN = 1 << 40
 

@@ -4,7 +4,7 @@ by the semantic spans their attention map shows as triangles.
 
 - The layer keeps a band of its attention map: for each recent token, the joint-softmax probability it
   gave to each of the previous block_size tokens, summed over query heads (Eq. 4).
-- When a block leaves the window its map is cut into spans (methods/ltri_spans.py, on the host: triangle
+- When a block leaves the window its map is cut into spans (methods/parts/ltri_spans.py, on the host: triangle
   scores with a baseline theta via prefix sums, one candidate per anti-diagonal, 1-D NMS with IoU phi), and each
   span keeps ceil(len * exp(-lambda (1 - r_a))) index vectors (Eq. 7): the keys of its tokens that
   received the most local attention, r_a comparing the span's triangle with its neighbours (Omega).
@@ -12,7 +12,7 @@ by the semantic spans their attention map shows as triangles.
   the memory is not known before retrieval); a query span's index is the sum of its queries, and a
   memory span's similarity to it is Eq. 8 (the sum of all pairwise products of index vectors). A block
   scores the best similarity of its spans over the query spans (Eq. 9); top-k blocks are retrieved.
-- Retrieval heads (appendix C, or runners.retrieval_heads): a layer with one indexes and retrieves in
+- Retrieval heads (appendix C, or offline.retrieval_heads): a layer with one indexes and retrieves in
   its best head's space (query head h, its KV head's keys); without any, every layer uses all heads.
 - Collaborative voting: a layer ranks blocks by the votes of the retrieval layers up to it (each votes
   for its own top-k with its head's score as weight; ties by the latest voter's similarity). Layers
@@ -32,12 +32,12 @@ from dataclasses import dataclass
 import torch
 
 from common.errors import ConfigError
-from methods import ltri_spans as S
 from methods.base import register
 from methods.config import option
 from methods.infllm import InfLLM, MemoryConfig, _reuse
-from methods.selection import tie_round, top_first
-from methods.stores_blocks import IndexVectors
+from methods.parts import ltri_spans as S
+from methods.parts.selection import tie_round, top_first
+from methods.parts.stores_blocks import IndexVectors
 
 
 @dataclass(frozen=True)
@@ -66,7 +66,7 @@ class LtriConfig(MemoryConfig):
     index: str = option("dynamic", "dynamic: Eq. 7 counts per span; static: max_vectors // spans each (3.3.1)",
                         choices=("dynamic", "static"))
     retrieval_heads: tuple[tuple[float, ...], ...] = option(
-        (), "(layer, head, score) triples (appendix C; runners.retrieval_heads finds them); a layer's best head "
+        (), "(layer, head, score) triples (appendix C; offline.retrieval_heads finds them); a layer's best head "
         "indexes and retrieves; empty: every layer uses all its heads (the ablation without retrieval heads)")
     voting: bool = option(True, "rank blocks by the score-weighted top-k votes of the retrieval layers up to this "
                           "one (without retrieval heads: all layers up to it, weight 1)")
@@ -254,7 +254,7 @@ class Ltri(InfLLM):
         causal = torch.ones(T, T, dtype=torch.bool, device=s.device).tril()
         A = torch.softmax(s.masked_fill(~causal, float("-inf")), -1).sum(1)
         n_spans = max(1, math.ceil(c.spans_per_block * T / c.block_size))
-        A = S.host(A)   # one transfer: the spans are host work (methods/ltri_spans.py)
+        A = S.host(A)   # one transfer: the spans are host work (methods/parts/ltri_spans.py)
         return [S.detect_spans(A[b], c.per_layer(c.theta_quantile, layer), c.per_layer(c.iou, layer), n_spans,
                                c.fill_gaps) for b in range(self.batch)]
 

@@ -1,6 +1,6 @@
 """LycheeDecode (HITsz-TMG/TMGNLP LycheeDecode/, src/llama/modeling_llama.py): hybrid-head sparse decoding.
 
-Roles are per KV head, read from a head file (methods/headfile.py; layers x KV heads, layer 0 all
+Roles are per KV head, read from a head file (methods/parts/headfile.py; layers x KV heads, layer 0 all
 retrieval). In a decode step, layer by layer:
   * retrieval KV heads attend every cached token (dense output) and pick a token set from q̄·K,
     UNSCALED, with q̄ the query averaged over the GQA group, over the whole cache; the set is
@@ -8,7 +8,7 @@ retrieval). In a decode step, layer by layer:
   * sparse KV heads attend only the set most recently written for their KV-head index by an
     EARLIER layer of the same step (not necessarily the previous layer); sets never persist across
     steps (the reference recomputes the mask every step; layer 0 being all retrieval guarantees a set).
-Selection modes (methods/lychee_sets.py): topk (K counts 128 sinks + 256 recent, the reference's
+Selection modes (methods/parts/lychee_sets.py): topk (K counts 128 sinks + 256 recent, the reference's
 defaults), ratio, topp, threshold; the reference's hard-coded 128^-0.5 softmax scale of topp and
 threshold is `prob_scale: reference` (model = the model's own head_dim^-0.5).
 Prefill is dense. Cache correction (paper sec. 4.2.2, Table 2 "w/ Cache Correction"; not in the
@@ -22,10 +22,10 @@ import torch
 
 import kernels
 from kernels.hybrid import hybrid_decode
-from methods import headfile, lychee_sets
 from methods.base import Method, register
 from methods.config import ChunkedPrefill, option
-from methods.stores import FullStore
+from methods.parts import headfile, lychee_sets
+from methods.parts.stores import FullStore
 
 MODES = ("topk", "ratio", "topp", "threshold")
 REFERENCE_SCALE = 128 ** -0.5  # utils.py get_sparse_attn_mask_from_topp/threshold default `scale`

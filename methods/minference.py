@@ -3,7 +3,7 @@ of three patterns per query head chosen offline, the sparse index estimated onli
 decoding is dense over the full KV cache (`method=full` from the first generated token on).
 
 Reference behaviour (minference/modules/minference_forward.py `minference_prefill_kernel`, the kernels
-in minference/ops/, csrc/vertical_slash_index.cu); details in methods/minference_patterns.py:
+in minference/ops/, csrc/vertical_slash_index.cu); details in methods/parts/minference_patterns.py:
   * vertical_slash (V, S) ("vertical_and_slash"): sizes clamped to [30, N] and [50, N]; the last 64
     queries' causal softmax attention summed -> top-V key columns (the first 30 forced) and, summed
     along each diagonal, top-S diagonals (the 100 nearest forced); the kernel attends each chosen
@@ -19,12 +19,12 @@ Short prompts: the reference has no length threshold in its HF path (only q_len 
 size clamps make a head dense once its sizes cover the prompt (1000/6096 is dense up to 6096 tokens).
 `dense_below` adds a threshold (vLLM's integration has one, `sparse_attention_threshold`); default off.
 
-Per-model head patterns: methods/patterns/<model>.json, found by `python -m runners.minference_search`
+Per-model head patterns: methods/patterns/<model>.json, found by `python -m offline.minference_search`
 (the reference's offline kernel-aware search, methods/patterns/README.md). `size_scale` multiplies
 every size (the reference's `minference_ratio`), for reference-sized patterns at shorter prompts.
 
 Kernels: on CUDA (kernels/_common.backend_for: HARNESS_KERNELS=torch|triton forces) the prefill is
-our Triton take on the reference's block/column sparse flash-attention kernel (kernels/minference.py):
+our Triton take on the reference's block/column sparse flash-attention kernel (kernels/block_sparse_prefill.py):
 per query block a list of key ranges plus single columns built from the same estimated index,
 attending exactly the keys of the masked path with `slash_cover: block` (minference_patterns.rows_mask;
 the reference builder's range merge, up to block - 1 extra keys, is not reproduced). Elsewhere, and
@@ -44,11 +44,11 @@ from dataclasses import dataclass
 import torch
 
 import kernels
-from kernels import minference as KM
-from methods import minference_patterns as P
+from kernels import block_sparse_prefill as KM
 from methods.base import register
 from methods.config import MethodConfig, layer_range, option
 from methods.full import Full
+from methods.parts import minference_patterns as P
 
 
 @dataclass(frozen=True)
@@ -57,7 +57,7 @@ class MInferenceConfig(MethodConfig):
     block-sparse) whose index is estimated from the prompt; dense decode over every token. Budget = the
     pattern sizes of each query head (methods/patterns/<model>.json); the reference's constants as defaults."""
 
-    patterns: str = option("auto", "auto = methods/patterns/<model>.json (python -m runners.minference_search) | PATH "
+    patterns: str = option("auto", "auto = methods/patterns/<model>.json (python -m offline.minference_search) | PATH "
                            "(ours or a reference minference/configs/*.json) | all:<p> | mix:<p>,<p>,... (cycled over "
                            "query heads); p = vertical_slash:V:S | a_shape:INIT:LOCAL | block_sparse:K | dense")
     pattern_model: str | None = option("${oc.select:model.name,null}", "model name of patterns=auto (Hydra fills it "

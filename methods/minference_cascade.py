@@ -9,7 +9,7 @@ one head's attention matrix per step by 100K x (100K + |C|)): a chunk of T queri
   * its own T keys, causally, under each query head's MInference pattern, the index estimated from the
     chunk alone as if it were MInference's whole prompt (chunk-local positions: the last `last_q` queries
     of the chunk over its keys; A-shape sinks are the chunk's first keys; the pattern sizes clamp to T),
-with one softmax over both parts (merged exactly by log-sum-exp: kernels/minference_cascade.py). Decode
+with one softmax over both parts (merged exactly by log-sum-exp: kernels/block_sparse_chunk.py). Decode
 is Cascade's, dense over the bounded cache. Layers below `dense_layers`, chunks shorter than
 `dense_below` and layers whose heads are all `dense` take Cascade's dense chunk.
 
@@ -31,15 +31,15 @@ from dataclasses import dataclass
 import torch
 
 from common.errors import ConfigError
-from kernels import minference as KM
-from kernels.cascade import cascade_apply
+from kernels import block_sparse_prefill as KM
+from kernels.block_sparse_chunk import chunk_attention
+from kernels.cascade_update import cascade_apply
 from kernels.fused import rope as rotate
-from kernels.minference_cascade import chunk_attention
-from methods import minference_patterns as P
 from methods.base import register
 from methods.cascade import Cascade, CascadeConfig
 from methods.config import option
 from methods.minference import MInferenceConfig
+from methods.parts import minference_patterns as P
 
 SPARSE_PATH = "chunk: MInference index over its own keys, dense over the cache"
 DENSE_PATH = "chunk: dense (Cascade's strided_attention)"

@@ -20,10 +20,10 @@ from dataclasses import dataclass
 import torch
 
 import kernels
-from methods import selection
 from methods.base import Method, register
 from methods.config import ChunkedPrefill, layer_range, option
-from methods.stores import FullStore, PageBounds, padded_capacity
+from methods.parts import selection
+from methods.parts.stores import FullStore, PageBounds, padded_capacity
 
 POOL = ("query_head", "kv_head")
 

@@ -28,8 +28,8 @@ import kernels
 from common.errors import ConfigError
 from methods.base import Method, register
 from methods.config import ChunkedPrefill, option
-from methods.selection import top_first
-from methods.stores import FullStore
+from methods.parts.selection import top_first
+from methods.parts.stores import FullStore
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,7 @@ import kernels
 from common.errors import ConfigError
 from methods.base import Method, register
 from methods.config import MethodConfig, option
-from methods.stores import SinkRingStore
+from methods.parts.stores import SinkRingStore
 
 
 @dataclass(frozen=True)

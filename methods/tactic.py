@@ -41,14 +41,14 @@ import torch
 import kernels
 from common.errors import ConfigError
 from kernels.tactic_select import list_positions, rank, select_cluster_tokens
-from methods import selection
 from methods.base import Method, register
 from methods.config import ChunkedPrefill, layer_range, option
-from methods.kmeans import METRICS
-from methods.stores import FullStore
-from methods.stores_clusters import ClusterIndex
-from methods.tactic_probe import Probe, diagnose, reach, report
-from methods.tactic_select import (
+from methods.parts import selection
+from methods.parts.cluster_keys import METRICS
+from methods.parts.stores import FullStore
+from methods.parts.stores_clusters import ClusterIndex
+from methods.parts.tactic_probe import Probe, diagnose, reach, report
+from methods.parts.tactic_rules import (
     fit_curve,
     harmonic,
     min_count,

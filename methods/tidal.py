@@ -20,10 +20,10 @@ import torch
 
 import kernels
 from common.errors import ConfigError
-from methods import selection
 from methods.base import Method, register
 from methods.config import ChunkedPrefill, layer_range, option
-from methods.stores import FullStore
+from methods.parts import selection
+from methods.parts.stores import FullStore
 
 SELECT = ("query_head", "kv_head")
 GROUP_SCORE = ("softmax_sum", "logit_max")

@@ -19,7 +19,7 @@ import torch
 import kernels
 from methods.base import Method, register
 from methods.config import ChunkedPrefill, option
-from methods.stores import BoundedStore
+from methods.parts.stores import BoundedStore
 
 
 @dataclass(frozen=True)

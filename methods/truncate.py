@@ -27,7 +27,7 @@ import kernels
 from common.errors import ConfigError, HarnessError
 from methods.base import Method, register
 from methods.config import MethodConfig, option
-from methods.stores import FullStore
+from methods.parts.stores import FullStore
 
 
 @dataclass(frozen=True)

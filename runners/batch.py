@@ -3,10 +3,16 @@ from __future__ import annotations
 
 import time
 import traceback
+import weakref
 
 import torch
+from omegaconf import OmegaConf
 
+import methods
 from common.errors import HarnessError
+from tasks.compare import compare
+
+_REFERENCES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def batches(samples, size):
@@ -59,8 +65,6 @@ def run_batch(engine, task, batch, tokenizer, stop_ids, info):
         raise HarnessError(f"sample {first.id}: {len(first.input_ids)} prompt + {first.max_new_tokens} new tokens "
                            f"exceeds the {limit} positions {engine.method.name} can read on this model")
     if task.mode == "compare":   # the method beside a dense reference engine (Tactic Figs. 9-10)
-        from runners.compare import compare_rows
-
         yield from compare_rows(engine, task, batch, method_metrics)
         return
     ids = torch.tensor([s.input_ids for s in batch], dtype=torch.long)
@@ -129,3 +133,30 @@ def mean_timings(rows):
         if vals:
             out[k] = sum(vals) / len(vals)
     return out
+
+
+def reference_for(engine):
+    """The dense engine beside `engine` (same model and weights, its own KV cache), built once."""
+    ref = _REFERENCES.get(engine)
+    if ref is None:
+        from runners.engine import Engine
+
+        full = methods.build(OmegaConf.create({"name": "full"}), engine.info)
+        ref = _REFERENCES[engine] = Engine(engine.model, full)
+    return ref
+
+
+def compare_rows(engine, task, batch, method_metrics=lambda m: {}):
+    """Rows of a compare-mode batch (run_batch dispatches here): the task scores each
+    sample's result with `score_compare`; the method's own per-sample metrics ride along."""
+    first = batch[0]
+    p = first.params
+    ids = torch.tensor([s.input_ids for s in batch], dtype=torch.long)
+    t0 = time.perf_counter()
+    results = compare(engine, reference_for(engine), ids, p["protocol"], int(p["prefix"]), int(p["steps"]))
+    elapsed = time.perf_counter() - t0
+    extra = method_metrics(engine.method)
+    for s, res in zip(batch, results):
+        yield {"id": s.id, "params": s.params, "metrics": {**task.score_compare(s, res), **extra},
+               "input_tokens": len(s.input_ids), "compare": res, "attended": engine.method.stats(),
+               "timings": {"compare_s": elapsed}, "batch_size": len(batch), "timestamp": time.time()}

@@ -17,7 +17,7 @@ import torch
 
 from common.errors import ConfigError
 from methods.base import Method, ModelInfo, Step
-from methods.rope import Rope
+from methods.parts.rope import Rope
 from runners.graphs import DecodeGraph
 from runners.layer_ops import FusedOps, ModuleOps
 from runners.models import SUPPORTED

@@ -59,7 +59,7 @@ class ModelSpec:
 
 class Task:
     name: ClassVar[str] = ""
-    mode: ClassVar[str] = "generate"     # "generate" | "nll" | "choice" | "compare" (runners/compare.py)
+    mode: ClassVar[str] = "generate"     # "generate" | "nll" | "choice" | "compare" (tasks/compare.py)
 
     def __init__(self, cfg, tokenizer, model: ModelSpec):
         self.cfg = cfg

@@ -78,7 +78,7 @@ class PG19Compare(Task):
                              max_new_tokens=steps if protocol == "match" else 0)
 
     def score_compare(self, sample: Sample, result: dict) -> dict[str, float]:
-        """Metrics of one sample from runners/compare.py's result for it."""
+        """Metrics of one sample from tasks/compare.py's result for it."""
         if "kl" in result:
             kl = result["kl"]
             return {"kl": sum(kl) / len(kl), "kl_last": kl[-1], "kl_max": max(kl), "steps": len(kl)}

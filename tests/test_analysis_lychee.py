@@ -107,7 +107,7 @@ def test_table3_embedded_rows_read_the_trained_files_and_a_same_size_random_cont
     Table 4's control row; every SmolLM2 head file was trained on the GPU with layer 0 forced, and the
     HardKuma / HardConcrete Lagrangian met the density target (within 0.002 of 0.09375)."""
     from analysis.papers import lychee as L, lychee_table3 as T
-    from methods import headfile
+    from methods.parts import headfile
 
     impl = catalogue.get("lychee.table3").impl
     cells = expand(impl.sweeps["embedded"], [], impl.label)

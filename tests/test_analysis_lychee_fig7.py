@@ -1,6 +1,6 @@
 """lychee.fig7 renders the training curves of bench/train_curves.py: synthetic curves in, the grey-head
 share, head counts and densities out, and the PDF panels pick the most and least retrieval-like heads
-outside layer 0. The Kumaraswamy density integrates to 1 and matches runners.gates' CDF."""
+outside layer 0. The Kumaraswamy density integrates to 1 and matches offline.gates' CDF."""
 from __future__ import annotations
 
 import json
@@ -12,7 +12,7 @@ import analysis.papers  # noqa: F401
 from analysis import catalogue
 from analysis.__main__ import main
 from analysis.papers.lychee_fig7 import _pdf_heads, kuma_pdf
-from runners.gates import kuma_cdf
+from offline.gates import kuma_cdf
 
 
 @pytest.mark.parametrize("a,b", [(1.0, 1.0), (0.5, 3.0), (4.0, 0.7)])

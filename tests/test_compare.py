@@ -1,4 +1,4 @@
-"""Compare mode (runners/compare.py, tasks/pg19_compare.py; Tactic Figs. 9-10): the method beside a
+"""Compare mode (tasks/compare.py, tasks/pg19_compare.py; Tactic Figs. 9-10): the method beside a
 dense reference engine on the same tokens. Full against full must give KL 0 and a match of every
 step; a method that equals full attention (Tactic at P = 100%) too; a truncating method must not."""
 from __future__ import annotations
@@ -9,10 +9,10 @@ from omegaconf import OmegaConf
 from test_methods_common import one_thread, tiny_model  # noqa: F401
 
 from methods import ModelInfo, build
-from runners.batch import method_metrics, run_batch
-from runners.compare import compare, kl_full_vs_method, reference_for
+from runners.batch import method_metrics, reference_for, run_batch
 from runners.engine import Engine
 from tasks.base import Sample
+from tasks.compare import compare, kl_full_vs_method
 
 
 def _engine(model, **cfg):
@@ -56,7 +56,7 @@ class _Task:
 
 
 def test_run_batch_dispatches_compare_and_keeps_the_method_metrics():
-    """The shared batch runner hands compare-mode tasks to runners/compare.py; the method's
+    """The shared batch runner hands compare-mode tasks to tasks/compare.py; the method's
     `sample_metrics` (Tactic: attended tokens, mass diagnostics) become `method_*` row metrics."""
     model = tiny_model(4)
     engine = _engine(model, name="tactic", target=0.8, cluster_size=4, exact_head=4, fit_window=2, diagnostics=True)

@@ -45,7 +45,7 @@ def test_graph_decode_logits_match_eager_and_hf():
 
 def test_graph_recaptured_when_method_buffers_change():
     """A captured graph replays raw pointers: new KV buffers at the same capacity must recapture."""
-    from methods.stores import FullStore
+    from methods.parts.stores import FullStore
 
     model = tiny("llama").cuda()
     ids = torch.randint(0, 128, (1, 30), generator=torch.Generator().manual_seed(2)).cuda()

@@ -1,4 +1,4 @@
-"""Cascading KV cache kernels: the update kernel (kernels/cascade.py) and the strided attention with
+"""Cascading KV cache kernels: the update kernel (kernels/cascade_update.py) and the strided attention with
 EMA mass (kernels/cascade_attention.py), Triton against the torch references: in the CPU interpreter
 on small shapes, and (`-m gpu`) at the shapes of Llama-3.1-8B with a 32K cache."""
 from __future__ import annotations
@@ -8,10 +8,10 @@ import torch
 from triton_env import DEV, needs_triton
 
 import kernels
-from kernels.cascade import cascade_apply, cascade_apply_ref
+from kernels.cascade_update import cascade_apply, cascade_apply_ref
 from kernels.cascade_attention import (rotated_decode_mass, rotated_decode_mass_ref, strided_attention,
                                       strided_attention_ref)
-from methods.stores_cascade import CascadeLayout
+from methods.parts.stores_cascade import CascadeLayout
 
 
 def _store(B, H, slots, D, seed, dtype=torch.float32):

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import kernels
-from kernels import attention as A, quest as Qm
+from kernels import attention as A, quest_pages as Qm
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),

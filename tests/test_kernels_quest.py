@@ -7,7 +7,7 @@ import torch
 from triton_env import DEV, needs_triton
 
 import kernels
-from kernels import quest as Qm
+from kernels import quest_pages as Qm
 
 pytestmark = needs_triton
 

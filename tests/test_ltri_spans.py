@@ -1,4 +1,4 @@
-"""Ltri-LLM span detection (methods/ltri_spans.py) against brute-force references written from the
+"""Ltri-LLM span detection (methods/parts/ltri_spans.py) against brute-force references written from the
 paper's equations: every span's triangle score summed cell by cell (Eq. 5, O(n^4) here), the best
 span per anti-diagonal (appendix E), greedy NMS by IoU in plain Python, neighbour ratios summed cell
 by cell (figure 5), index-vector counts from Eq. 7."""
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from methods import ltri_spans as LS
+from methods.parts import ltri_spans as LS
 
 
 def _map(n, seed, blocks=(), normalise=True):
@@ -178,7 +178,7 @@ def test_quantile_equals_torch_quantile(n):
 
 
 def test_in_place_rounding_is_selection_tie_round():
-    from methods.selection import tie_round
+    from methods.parts.selection import tie_round
     rng = np.random.default_rng(0)
     rows = [rng.standard_normal(500) * 10.0 ** rng.integers(-30, 30) for _ in range(20)]
     rows += [np.zeros(7), np.array([0.5, -0.25, 2.0 ** -1030]), np.array([1.0, -np.inf, 3.0]), np.array([np.nan, 1.0])]

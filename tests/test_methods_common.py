@@ -9,7 +9,7 @@ from omegaconf import OmegaConf
 from tiny_models import COMMON, tiny
 
 from methods import ModelInfo, Step, build
-from methods.rope import Rope
+from methods.parts.rope import Rope
 from runners.engine import Engine
 from common.errors import ConfigError
 

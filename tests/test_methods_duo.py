@@ -10,7 +10,7 @@ from test_methods_common import Driver, masked_attention, one_thread, rope_for  
 from tiny_models import tiny
 
 from methods import ModelInfo, build
-from methods.headfile import HeadSet
+from methods.parts.headfile import HeadSet
 
 INFO = ModelInfo(arch="llama", num_layers=6, num_heads=4, num_kv_heads=2, head_dim=16, hidden_size=64,
                  max_position=512)

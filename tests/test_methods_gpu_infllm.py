@@ -10,7 +10,7 @@ import torch
 from omegaconf import OmegaConf
 
 from methods import ModelInfo, Step, build
-from methods.rope import Rope
+from methods.parts.rope import Rope
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 

@@ -19,7 +19,7 @@ from infllm_sim import Sim
 from test_methods_common import Driver, make, one_thread, rope_for  # noqa: F401
 from tiny_models import tiny
 
-from methods.stores_blocks import BlockMemory
+from methods.parts.stores_blocks import BlockMemory
 from runners.engine import Engine
 
 

@@ -156,7 +156,7 @@ def test_missing_head_file_names_the_training_command():
     with pytest.raises(ConfigError) as e:
         build(OmegaConf.create({"name": "lychee", "head_model": "no_such_model"}), INFO)
     msg = str(e.value)
-    assert "methods/heads/no_such_model-passkey-hardkuma.json" in msg and "runners.train_heads" in msg
+    assert "methods/heads/no_such_model-passkey-hardkuma.json" in msg and "offline.train_heads" in msg
     assert "\n" not in msg
     with pytest.raises(ConfigError, match="method.head_model"):
         build(OmegaConf.create({"name": "lychee"}), INFO)   # outside a composed config: no model name

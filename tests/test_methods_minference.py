@@ -1,7 +1,7 @@
-"""MInference (methods/minference.py, methods/minference_patterns.py): oracle tests of the index
+"""MInference (methods/minference.py, methods/parts/minference_patterns.py): oracle tests of the index
 estimation and masks against brute-force loops, the sparse prefill against dense attention under the
 same mask, equality with `full` when the sizes cover the prompt, the pattern-file resolver, and the
-offline search (runners/minference_search.py) on a tiny model."""
+offline search (offline/minference_search.py) on a tiny model."""
 from __future__ import annotations
 
 import json
@@ -20,7 +20,7 @@ from test_methods_common import (  # noqa: F401
 
 from common.errors import ConfigError
 from methods import ModelInfo
-from methods import minference_patterns as P
+from methods.parts import minference_patterns as P
 
 C = P.Consts(last_q=8, block=8, init_columns=2, local_slashes=3, min_vertical=2, min_slash=3)
 SCALE = 0.25
@@ -267,7 +267,7 @@ def test_auto_without_a_file_names_the_search_command():
     with pytest.raises(ConfigError) as e:
         MInferenceConfig.parse({"patterns": "auto", "pattern_model": "no_such_model"}, INFO)
     msg = str(e.value)
-    assert "python -m runners.minference_search model=no_such_model" in msg and "\n" not in msg
+    assert "python -m offline.minference_search model=no_such_model" in msg and "\n" not in msg
     with pytest.raises(ConfigError) as e:
         MInferenceConfig.parse({"patterns": "auto", "pattern_model": "${oc.select:model.name,null}"}, INFO)
     assert "pattern_model" in str(e.value)
@@ -302,7 +302,7 @@ def test_tiny_search_writes_a_file_the_method_loads(tmp_path):
     """Candidates: a tiny A-shape first, then one whose sizes cover the sample (its output equals dense:
     score 0). The count criterion (lowest wins) must pick the covering one for every head; the recall
     criterion (highest wins) too (recall 1). A reversed comparison picks the A-shape."""
-    from runners.minference_search import search
+    from offline.minference_search import search
 
     model = tiny_model(3)
     ids = torch.randint(0, 128, (1, 64), generator=torch.Generator().manual_seed(2))
@@ -319,6 +319,6 @@ def test_tiny_search_writes_a_file_the_method_loads(tmp_path):
         if criterion == "recall":
             assert all(abs(p.score - 1.0) < 1e-6 for row in ps.heads for p in row)
     data = json.loads((tmp_path / "p.json").read_text())
-    assert data["search"]["command"].startswith("python -m runners.minference_search")
+    assert data["search"]["command"].startswith("python -m offline.minference_search")
     method, _ = make({"name": "minference", "patterns": str(tmp_path / "p.json"), **SMALL}, model)
     assert method.cfg.pattern_set(ModelInfo.from_hf_config(model.config)).counts() == {"vertical_slash": 12}

@@ -22,8 +22,8 @@ from tiny_models import tiny
 
 from common.errors import ConfigError
 from methods import ModelInfo, build
-from methods import minference_patterns as P
 from methods.minference_cascade import DENSE_PATH, SPARSE_PATH, MInferenceCascade
+from methods.parts import minference_patterns as P
 
 SMALL = {"last_q": 4, "block_size": 4, "init_columns": 1, "local_slashes": 2, "min_vertical": 1, "min_slash": 2}
 

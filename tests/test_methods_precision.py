@@ -5,7 +5,7 @@ Why: a discrete choice (top-k, NMS, a span boundary) taken on scores that tie up
 one way on the CPU and another on the GPU, and the GPU suite (tests/test_methods_gpu.py) then fails
 with a 0.1-sized logit gap that looks like a kernel bug. Changing the precision here perturbs every
 score by about what the GPU does, so such a fragile choice shows on the CPU. Ltri-LLM's span scores
-and block ranks were found this way (they now round to a grid: methods/selection.tie_round)."""
+and block ranks were found this way (they now round to a grid: methods/parts/selection.tie_round)."""
 from __future__ import annotations
 
 import pytest

@@ -8,7 +8,7 @@ import torch
 from test_methods_common import Driver, make, masked_attention, one_thread, rope_for  # noqa: F401
 from tiny_models import tiny
 
-from methods.stores import PageBounds
+from methods.parts.stores import PageBounds
 
 P = 16
 

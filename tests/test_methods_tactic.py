@@ -23,7 +23,7 @@ from test_methods_common import Driver, make, masked_attention, one_thread, rope
 from tiny_models import tiny
 
 from methods import ModelInfo, Step, build
-from methods.rope import Rope
+from methods.parts.rope import Rope
 
 
 def _clusters(method, layer, b, h):

@@ -1,6 +1,6 @@
-"""Tactic's building blocks against explicit computations: the closed forms of methods/tactic_select.py
+"""Tactic's building blocks against explicit computations: the closed forms of methods/parts/tactic_rules.py
 (tail sums with harmonic numbers, clipped and as Algorithm 1 writes them, the two-window fit, the
-bisection) and the k-means of methods/kmeans.py (a Lloyd fixed point, groups independent of each other,
+bisection) and the k-means of methods/parts/cluster_keys.py (a Lloyd fixed point, groups independent of each other,
 the fused Triton step clustering like the torch reference, CUDA clustering like the CPU)."""
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 from triton_env import DEV, needs_triton
 
-from methods.tactic_select import fit_curve, harmonic, min_count, tail_mass
+from methods.parts.tactic_rules import fit_curve, harmonic, min_count, tail_mass
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -62,7 +62,7 @@ def test_tail_sum_fit_and_bisection_match_explicit_sums():
 def test_kmeans_is_a_lloyd_fixed_point_with_dot_product_assignment():
     """Converged k-means: every key sits in the cluster of highest dot product with its centroid, and
     every non-empty centroid is the mean of its keys; the initial picks depend on the seed only."""
-    from methods.kmeans import init_indices, kmeans
+    from methods.parts.cluster_keys import init_indices, kmeans
 
     x = torch.randn(3, 300, 16, generator=torch.Generator().manual_seed(1))
     c, a, sizes, ran = kmeans(x, 12, iters=100, seed=5)
@@ -85,7 +85,7 @@ def test_kmeans_group_result_does_not_depend_on_the_other_groups():
     clustered alone or batched with others (same initial picks; a converged group stays put while
     the others iterate). Found by the batch conformance check: one draw per group made a sequence's
     clusters depend on its place in the batch."""
-    from methods.kmeans import kmeans
+    from methods.parts.cluster_keys import kmeans
 
     g = torch.Generator().manual_seed(3)
     hkv = 2
@@ -105,7 +105,7 @@ def test_kmeans_through_the_fused_kernel_clusters_like_the_reference(monkeypatch
     """HARNESS_KERNELS=triton (the interpreter on the CPU) runs each iteration as one fused kernel:
     the same assignments, sizes and iteration count as the torch reference, centroids within fp32
     summation order. Cosine scores unit keys but its centroids are plain means of the raw keys."""
-    from methods.kmeans import kmeans
+    from methods.parts.cluster_keys import kmeans
 
     x = torch.randn(2, 150, 16, generator=torch.Generator().manual_seed(2)).to(DEV)
     monkeypatch.setenv("HARNESS_KERNELS", "torch")
@@ -124,7 +124,7 @@ def test_kmeans_cuda_clusters_like_the_cpu():
     """The same seed picks the same initial keys on every device (CPU generator), so a CUDA run of
     real-shape keys (8 KV heads x 32K tokens x 128, 1024 clusters) clusters as the CPU does, up to
     the assignments that float rounding moves (bmm order differs): >= 99% agree, centroids close."""
-    from methods.kmeans import kmeans
+    from methods.parts.cluster_keys import kmeans
 
     x = torch.randn(8, 32768, 128, generator=torch.Generator().manual_seed(0))
     c_cpu, a_cpu, _, _ = kmeans(x, 1024, iters=10, seed=3)
@@ -137,8 +137,8 @@ def test_kmeans_cuda_clusters_like_the_cpu():
 def test_initial_keys_drawn_on_threads_are_the_serial_draws():
     """init_indices_many (every layer's draws at once, on threads) gives init_indices' values per spec, and
     ClusterIndex.add_layers clusters each layer as add does with that layer's seed."""
-    from methods.kmeans import init_indices, init_indices_many
-    from methods.stores_clusters import ClusterIndex
+    from methods.parts.cluster_keys import init_indices, init_indices_many
+    from methods.parts.stores_clusters import ClusterIndex
 
     specs = [(2, 300, 17, s) for s in (5, 1014, 2023)] + [(3, 40, 40, 9)]
     for got, spec in zip(init_indices_many(specs), specs):

@@ -1,4 +1,4 @@
-"""The retrieval-score procedure (runners/retrieval_heads.py, Wu et al. 2024): on a tiny random model,
+"""The retrieval-score procedure (offline/retrieval_heads.py, Wu et al. 2024): on a tiny random model,
 the top-1 attended position per (layer, head) at every decode step equals the argmax of HF's own eager
 attention weights (output_attentions), and the copy-paste score follows from them: 1 / needle length
 each time the top-1 position lies in the needle on the token just generated."""
@@ -8,8 +8,8 @@ import torch
 from test_methods_common import one_thread  # noqa: F401
 from tiny_models import tiny
 
+from offline.retrieval_heads import TopAttention, score_sample
 from runners.engine import Engine
-from runners.retrieval_heads import TopAttention, score_sample
 from tasks.base import Sample
 
 

@@ -13,10 +13,10 @@ from omegaconf import OmegaConf
 from test_methods_common import one_thread, tiny_model  # noqa: F401
 
 from methods import ModelInfo, build
-from runners import gates as G
-from runners.heads_data import NATO, PasskeyBook
-from runners.student import Student
-from runners.train_heads import ROOT, final_roles, train
+from offline import gates as G
+from offline.heads_data import NATO, PasskeyBook
+from offline.student import Student
+from offline.train_heads import ROOT, final_roles, train
 
 
 def _ids(n, seed):
@@ -208,7 +208,7 @@ def test_checkpoint_resume_equals_one_run(tmp_path, smol_tokenizer, monkeypatch)
     train(cfg_for("split", checkpoint=ck), model=tiny_model(6), tokenizer=tok)
     a, b = (json.loads((tmp_path / f"{t}.json").read_text()) for t in ("whole", "split"))
     assert a["scores"] == b["scores"] and a["heads"] == b["heads"]
-    assert b["training"]["command"] == "python -m runners.train_heads steps=5"   # no machine paths recorded
+    assert b["training"]["command"] == "python -m offline.train_heads steps=5"   # no machine paths recorded
     assert 1000.0 <= b["training"]["wall_s"] < 1100.0   # wall time over both calls, not the last call's
     ca, cb = (json.loads((tmp_path / f"{t}-curves.json").read_text()) for t in ("whole", "split"))
     assert ca["density"] == cb["density"] and ca["steps"] == cb["steps"]

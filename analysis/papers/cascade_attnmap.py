@@ -11,8 +11,8 @@ from analysis import latency, provenance, render
 from analysis.catalogue import Bench, BenchFile, Impl, register
 
 FILE = BenchFile("cascade_attnmap_smollm2.json", "python -m bench.cascade_attnmap --model smollm2",
-                 ("bench/cascade_attnmap.py", "methods/cascade.py", "methods/stores_cascade.py",
-                  "methods/cascade_plan.py", "kernels/cascade.py", "kernels/cascade_attention.py"), gpu=False)
+                 ("bench/cascade_attnmap.py", "methods/cascade.py", "methods/parts/stores_cascade.py",
+                  "methods/parts/cascade_plan.py", "kernels/cascade_update.py", "kernels/cascade_attention.py"), gpu=False)
 
 
 def render_maps(item, impl, sources, out):

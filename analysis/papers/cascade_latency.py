@@ -18,8 +18,8 @@ from analysis.papers_data import facts
 from analysis.papers_data import item as paper_item
 
 PAPER_DEVICE = "NVIDIA A6000 49GB (appendix B)"
-CODE = ("bench/cascade.py", "methods/cascade.py", "methods/cascade_plan.py", "methods/stores_cascade.py",
-        "methods/streaming_llm.py", "methods/stores.py", "methods/rope.py", "kernels/cascade.py",
+CODE = ("bench/cascade.py", "methods/cascade.py", "methods/parts/cascade_plan.py", "methods/parts/stores_cascade.py",
+        "methods/streaming_llm.py", "methods/parts/stores.py", "methods/parts/rope.py", "kernels/cascade_update.py",
         "kernels/cascade_attention.py", "kernels/prefill.py", "kernels/attention.py", "kernels/fused.py",
         "kernels/_common.py")
 E2E_CODE = CODE + ("runners/engine.py", "runners/graphs.py", "runners/layer_ops.py", "runners/models.py",
@@ -32,16 +32,16 @@ E2E_STREAM = BenchFile("cascade_e2e_streaming_h100.json",
                        f"{CMD} e2e --model llama31_8b --weights random --methods streaming", E2E_CODE)
 E2E_FULL = BenchFile("cascade_e2e_full_h100.json", f"{CMD} e2e --model llama31_8b --weights random --methods full "
                      "--lengths 16384 32768 65536 131072 262144", E2E_CODE)
-MINF_CODE = ("bench/minference.py", "bench/cascade.py", "kernels/minference.py", "kernels/minference_triton.py",
-             "methods/minference.py", "methods/minference_patterns.py", "methods/rope.py", "kernels/prefill.py",
+MINF_CODE = ("bench/minference.py", "bench/cascade.py", "kernels/block_sparse_prefill.py", "kernels/block_sparse_prefill_triton.py",
+             "methods/minference.py", "methods/parts/minference_patterns.py", "methods/parts/rope.py", "kernels/prefill.py",
              "kernels/_common.py")
 MINF = BenchFile("minference_layer_h100.json", "python -m bench.minference --model llama31_8b "
                  "--contexts 16384 32768 65536 131072 262144", MINF_CODE)
 MC_CODE = ("bench/minference_cascade.py", "bench/minference.py", "bench/cascade.py", "methods/minference_cascade.py",
-           "kernels/minference_cascade.py", "kernels/minference_cascade_triton.py", "methods/cascade.py",
-           "methods/cascade_plan.py", "methods/stores_cascade.py", "methods/minference.py",
-           "methods/minference_patterns.py", "methods/rope.py", "kernels/minference.py", "kernels/minference_triton.py",
-           "kernels/cascade.py", "kernels/cascade_attention.py", "kernels/prefill.py", "kernels/fused.py",
+           "kernels/block_sparse_chunk.py", "kernels/block_sparse_chunk_triton.py", "methods/cascade.py",
+           "methods/parts/cascade_plan.py", "methods/parts/stores_cascade.py", "methods/minference.py",
+           "methods/parts/minference_patterns.py", "methods/parts/rope.py", "kernels/block_sparse_prefill.py", "kernels/block_sparse_prefill_triton.py",
+           "kernels/cascade_update.py", "kernels/cascade_attention.py", "kernels/prefill.py", "kernels/fused.py",
            "kernels/_common.py")
 MINF_CASCADE = BenchFile("minference_cascade_layer_h100.json", "python -m bench.minference_cascade --model llama31_8b",
                          MC_CODE)

@@ -11,7 +11,7 @@ of 32, top-16, chunks of 128, 32 cached blocks: memory budget 32 + 512 + 1024 to
 needles at 2K-7.7K sit), Ltri-LLM with 2 spans and at most 5 index vectors per 32-token block (the
 paper's 4 and 12 per 128 do not fit a 32-token block once gaps are filled), theta 0.9 / phi 0.1 (the
 paper's "typical" values; the per-layer search was not redone) and the retrieval heads that
-runners.retrieval_heads found for SmolLM2 (results/retrieval_heads/smollm2.json). Q (the last prefill
+offline.retrieval_heads found for SmolLM2 (results/retrieval_heads/smollm2.json). Q (the last prefill
 chunk) stays 32: it holds the question, which does not shrink with the model.
 The needle: the paper's eight bilingual questions (its Fig. 15) are not public data; every item runs
 tasks/niah.py (TidalDecode's "special magic number" needle, substring match) instead of GPT-4 judging.

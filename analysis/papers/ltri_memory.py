@@ -48,10 +48,10 @@ from analysis import latency, papers_data, render
 from analysis.catalogue import Bench, BenchFile, Impl, register
 
 # the full + InfLLM file runs no Ltri-LLM code: an Ltri change does not stale it
-CODE = ("bench/memory_offload.py", "methods/infllm.py", "methods/stores_blocks.py", "methods/full.py",
-        "methods/stores.py", "runners/engine.py")
-LTRI_CODE = CODE + ("methods/ltri.py", "methods/ltri_spans.py")
-STREAMING_CODE = ("bench/memory_offload.py", "methods/streaming_llm.py", "methods/stores.py", "runners/engine.py",
+CODE = ("bench/memory_offload.py", "methods/infllm.py", "methods/parts/stores_blocks.py", "methods/full.py",
+        "methods/parts/stores.py", "runners/engine.py")
+LTRI_CODE = CODE + ("methods/ltri.py", "methods/parts/ltri_spans.py")
+STREAMING_CODE = ("bench/memory_offload.py", "methods/streaming_llm.py", "methods/parts/stores.py", "runners/engine.py",
                   "kernels/prefill.py")
 LENGTHS = [4224, 102400, 204800, 307200, 409600, 512000, 614400, 716800, 819200]
 _CMD = "python -m bench.memory_offload --model llama3 --weights random --lengths " + " ".join(map(str, LENGTHS))

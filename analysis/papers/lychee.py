@@ -29,7 +29,7 @@ from analysis.nodata import longbench
 from analysis.papers_data import rows as paper_rows
 from analysis.papers_data import setup_text
 from analysis.shared_data import EMBEDDED_RULER
-from methods import headfile
+from methods.parts import headfile
 
 T2_SETS = {"gaokao2023en": "Gaokao2023En", "minerva_math": "Minerva", "aime": "AIME24", "olympiadbench": "OlympiadBench"}
 T2_MODELS = {"r1_llama_8b": "DeepSeek-R1-Distill-Llama-8B", "r1_qwen_7b": "DeepSeek-R1-Distill-Qwen-7B",
@@ -79,7 +79,7 @@ analysis/papers/lychee.py (greedy: appendix F; 128 problems: every printed value
 TidalDecode rows run a fixed K (4096 paper profile, 256 embedded) where the paper gives TidalDecode half
 of the sequence: our tidal has no length-proportional budget. LycheeDecode uses the committed head file
 of the model (methods/heads/<model>-passkey-hardkuma.json; the R1 models have none yet: train one with
-`python -m runners.train_heads model=r1_llama_8b`).
+`python -m offline.train_heads model=r1_llama_8b`).
 Embedded profile: MATH-500 level 1 (43 problems) stands in for the four sets, which SmolLM2-135M
 cannot solve at all. It cannot solve these either: Full is 0/43 with 1 output boxed, and 0/6 on one-step
 sums such as "What is $2+3$?" (notes/lychee_math.md), so every embedded cell is 0 and the rows compare
@@ -277,7 +277,7 @@ Protocol of the reference pred.py (reference/methods.md 1.1): raw prompts for Ll
 chat template), the last <= 100 characters of the prompt decoded token by token (decode_tail=quest),
 narrativeqa truncated to 28000 tokens. DuoAttention: streaming heads hold `budget` tokens (64 sinks);
 DuoAttention* doubles its retrieval-head set (head_scale=2: the top 2N heads by the trained gates).
-LycheeDecode and DuoAttention read the model's committed head files (train: runners/train_heads.py).
+LycheeDecode and DuoAttention read the model's committed head files (train: offline/train_heads.py).
 SeerAttention-R is not implemented here. No embedded profile: the LongBench data is not available
 offline (../shared/data holds only its configs).
 """

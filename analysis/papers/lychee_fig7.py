@@ -2,7 +2,7 @@
 retrieval head over training steps, DuoAttention's direct gates (the gate value itself) beside
 LycheeDecode's HardKuma gates (the value the final set is cut from: the Kumaraswamy mean by default),
 and the Kumaraswamy PDFs of two heads at a few steps. From bench/train_curves.py's JSON (the curves
-runners/train_heads.py records).
+offline/train_heads.py records).
 
 The paper trains Llama-3-8B-Instruct-1048k for 1000 steps (lr 0.01) and plots layer 8 head 0 and layer
 10 head 0. Ours is a short CPU recipe on SmolLM2 (60 steps, lr 0.03, contexts 250-500 tokens; the
@@ -21,8 +21,8 @@ from analysis.catalogue import Bench, BenchFile, Impl, register
 RECIPE = ("steps=60 steps_per_sample=4 lr=0.03 data.context_min=250 data.context_max=500 data.num_passkeys=2 "
           "data.passkey_length=6 data.buffer=30 student.sink=8 student.recent=16 log.every=1 "
           "log.wandb.mode=disabled log.progress=false log.pdf_steps=[0,10,20,30,40,50]")
-CODE = ("bench/train_curves.py", "runners/train_heads.py", "runners/gates.py", "runners/student.py",
-        "runners/heads_data.py", "conf/train_heads.yaml")
+CODE = ("bench/train_curves.py", "offline/train_heads.py", "offline/gates.py", "offline/student.py",
+        "offline/heads_data.py", "conf/train_heads.yaml")
 FILES = [BenchFile("train_curves_smollm2_duo_cpu.json", f"python -m bench.train_curves recipe=passkey-duo {RECIPE}",
                    CODE, gpu=False),
          BenchFile("train_curves_smollm2_hardkuma_cpu.json",

@@ -17,12 +17,12 @@ from analysis.catalogue import Bench, BenchFile, Impl, register
 
 # what bench.lychee_tpot runs: full, tidal and lychee with what they import (not every method of the kit)
 E2E_CODE = ("bench/engine.py", "bench/lychee_tpot.py", "runners/engine.py", "runners/graphs.py", "runners/models.py",
-            "runners/layer_ops.py", *(f"methods/{m}.py" for m in ("__init__", "base", "config", "full", "headfile",
-                                                                   "lychee", "lychee_sets", "selection", "stores",
-                                                                   "tidal", "rope")),
-            # the kernel files those import (kernels/__init__ pulls in attention, prefill and quest), not
+            "runners/layer_ops.py",
+            *(f"methods/{m}.py" for m in ("__init__", "base", "config", "full", "lychee", "tidal")),
+            *(f"methods/parts/{m}.py" for m in ("headfile", "lychee_sets", "selection", "stores", "rope")),
+            # the kernel files those import (kernels/__init__ pulls in attention, prefill and quest_pages), not
             # every kernel: another method's new kernel does not change these numbers
-            *(f"kernels/{k}.py" for k in ("__init__", "_common", "attention", "prefill", "quest", "fused", "hybrid",
+            *(f"kernels/{k}.py" for k in ("__init__", "_common", "attention", "prefill", "quest_pages", "fused", "hybrid",
                                           "hybrid_triton", "topk")),
             *(f"conf/method/{m}.yaml" for m in ("full", "tidal", "lychee")), "conf/model")
 KERNEL_CODE = ("bench/lychee_kernels.py", "bench/kernel_ops.py", "kernels/hybrid.py", "kernels/hybrid_triton.py",

@@ -51,7 +51,7 @@ def t3_label(v: dict) -> tuple[str, str, str]:
 
 NOTES = """
 Notes. Paper profile: each row reads the head file of its recipe (methods/heads/llama3-<recipe>.json;
-train them with `python -m runners.train_heads model=llama3 model.path=DIR recipe=<recipe>`),
+train them with `python -m offline.train_heads model=llama3 model.path=DIR recipe=<recipe>`),
 LycheeDecode K=4096, the 8 LongBench tasks of Table 1 in one run: ours is the mean over all samples
 (the paper averages the 8 task scores; LongBench's subsets hold 150-200 samples, so the two differ
 slightly). The HotpotQA column (heads trained on HotpotQA) is not reproduced: no HotpotQA training data.
@@ -94,6 +94,6 @@ TABLE3 = Impl(
     aggregate=_stats,
     data=(dataclasses.replace(longbench(T1_SUBSETS), profile="paper"),),
     data_note="Each row also needs its recipe's heads (methods/heads/llama3-<recipe>.json, trained by "
-              "`python -m runners.train_heads`), not here either.",
+              "`python -m offline.train_heads`), not here either.",
 )
 register("lychee.table3", TABLE3)

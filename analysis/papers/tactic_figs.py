@@ -2,7 +2,7 @@
 printed numbers: ours only, the paper's stated facts in the notes).
 
 All but Fig. 6 read the exact attention through Tactic's probe (`method.diagnostics=true`,
-methods/tactic_probe.py) on the PG-19 side-by-side task (tasks/pg19_compare.py) or RULER:
+methods/parts/tactic_probe.py) on the PG-19 side-by-side task (tasks/pg19_compare.py) or RULER:
 - Fig. 1 (CDF of sorted attention weights of one layer and head, along decoding and across
   contexts): Tactic at P = 100 % (every token: full attention) with the probe on one layer and head
   (the paper does not say which: the middle layer, head 0). The paper's contexts are LongBench

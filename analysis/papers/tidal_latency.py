@@ -21,10 +21,10 @@ PAPER_DEVICE = "NVIDIA A100 80GB SXM4 (CUDA 12.2)"
 # what the end-to-end numbers measure: the engine, the methods, their kernels and configs
 # (the files of the measured methods and kernels only: a new method elsewhere does not stale them)
 E2E_CODE = ("bench/engine.py", "bench/tpot.py", "runners/engine.py", "runners/graphs.py", "runners/layer_ops.py",
-            "runners/models.py", "methods/base.py", "methods/config.py", "methods/stores.py", "methods/selection.py",
-            "methods/rope.py", "methods/full.py", "methods/quest.py", "methods/tidal.py", "kernels/_common.py",
-            "kernels/attention.py", "kernels/prefill.py", "kernels/quest.py", "kernels/fused.py", "conf/model")
-KERNEL_CODE = ("bench/kernel_ops.py", "kernels/_common.py", "kernels/attention.py", "kernels/quest.py")
+            "runners/models.py", "methods/base.py", "methods/config.py", "methods/parts/stores.py", "methods/parts/selection.py",
+            "methods/parts/rope.py", "methods/full.py", "methods/quest.py", "methods/tidal.py", "kernels/_common.py",
+            "kernels/attention.py", "kernels/prefill.py", "kernels/quest_pages.py", "kernels/fused.py", "conf/model")
+KERNEL_CODE = ("bench/kernel_ops.py", "kernels/_common.py", "kernels/attention.py", "kernels/quest_pages.py")
 TPOT_CMD = "python -m bench.tpot"
 # One command per file, each inside the device machine's 10-minute limit (Llama-2-7B's MHA cache at
 # 100K is 54 GB and its 9 configurations take most of a call: its own file).

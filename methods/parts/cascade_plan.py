@@ -1,4 +1,4 @@
-"""Host-side update plans of the Cascading KV cache for a prefill chunk (methods/stores_cascade.py
+"""Host-side update plans of the Cascading KV cache for a prefill chunk (methods/parts/stores_cascade.py
 says what a plan is). Two builders of the same plan:
 
 `plan_by_token` follows the reference kernel token by token (plain Python, the readable definition;

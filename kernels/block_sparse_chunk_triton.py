@@ -1,11 +1,11 @@
-"""Triton kernels of kernels/minference_cascade.py (CUDA; the tests run them in the interpreter too).
+"""Triton kernels of kernels/block_sparse_chunk.py (CUDA; the tests run them in the interpreter too).
 
-`_chunk_fwd`, one program per (chunk query block, batch x query head), is kernels/minference_triton.py's
+`_chunk_fwd`, one program per (chunk query block, batch x query head), is kernels/block_sparse_prefill_triton.py's
 `_mixed_sparse_fwd` with two changes: before the chunk's pieces and columns the online softmax runs over
 every cached key (full tiles unmasked, the last partial one masked by the key count only: cached keys
 precede every query), and it stores each row's base-2 log-sum-exp (+inf for a row that saw nothing, so
 the mass passes give it 0). It reuses that file's tile helpers (`_free_tile`, `_tile`) rather than
-changing its kernel: kernels/minference_triton.py is the code bench/minference.py measures, and an edit
+changing its kernel: kernels/block_sparse_prefill_triton.py is the code bench/minference.py measures, and an edit
 would stale that committed benchmark.
 
 Mass, under the merged lse of pass 1 (exact: no running-normaliser approximation):
@@ -22,9 +22,9 @@ from __future__ import annotations
 import torch
 
 from ._common import LOG2E, kernel_for, next_pow2, tl, triton
+from .block_sparse_prefill import WIDE
+from .block_sparse_prefill_triton import CONFIG, _free_tile, _tile
 from .cascade_attention import _mass_kernel
-from .minference import WIDE
-from .minference_triton import CONFIG, _free_tile, _tile
 
 CACHE_BLOCK = 64          # _mass_kernel's tiles on CUDA (as strided_attention launches it)
 NO_WINDOW = tl.constexpr(WIDE)   # a jit function reads a global only as a constexpr

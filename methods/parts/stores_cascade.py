@@ -21,7 +21,7 @@ never on the scores: the per-cascade counters (stored, start) are the same for e
 and layer. So a step's update is a *plan* computed once and applied to every layer: items are the
 step's sources (fixed items: an old slot or a new token) plus merge results ("the one of x and y
 with the higher score"), and writes put items into slots. Applied per (sequence, head) by
-`kernels.cascade.cascade_apply`: merges stage by stage, then the writes, deepest cascade first, so a
+`kernels.cascade_update.cascade_apply`: merges stage by stage, then the writes, deepest cascade first, so a
 slot is always read before it is overwritten (items only ever move to deeper cascades).
 """
 from __future__ import annotations
@@ -36,7 +36,7 @@ HIDDEN = 0          # rope position given to slots no query sees (any valid posi
 
 @dataclass
 class Plan:
-    """One step's update, as device tensors (int32) read by kernels.cascade.cascade_apply.
+    """One step's update, as device tensors (int32) read by kernels.cascade_update.cascade_apply.
 
     Pool index p: p < slots -> the old content of store slot p; p >= slots -> new token p - slots.
     Item i < n_fixed -> pool index fixed[i]; item n_fixed + m -> the winner of merge m.
@@ -138,7 +138,7 @@ class CascadeLayout:
     def chunk_plan(self, T: int, selection: bool, device, by_token: bool = False) -> Plan:
         """Push tokens n_seen..n_seen+T-1 (new tokens 0..T-1 of the step) and advance the counters.
         `by_token`: the reference's token loop instead of the cascade-by-cascade builder (same plan)."""
-        from methods.cascade_plan import plan_by_level, plan_by_token
+        from methods.parts.cascade_plan import plan_by_level, plan_by_token
 
         hp = (plan_by_token if by_token else plan_by_level)(self, T, selection)
         return to_device(hp, device)
@@ -206,7 +206,7 @@ class CascadeLayout:
 
 
 def to_device(hp, device) -> Plan:
-    """A host plan (methods/cascade_plan.py) as the kernel reads it: merges renumbered after the
+    """A host plan (methods/parts/cascade_plan.py) as the kernel reads it: merges renumbered after the
     fixed items in stage order, writes grouped deepest cascade first (sinks last)."""
     F = hp.n_fixed
     mx, my, st = hp.merges()

@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from methods.rope import Rope
+from methods.parts.rope import Rope
 from runners.layer_ops import ModuleOps
 
 

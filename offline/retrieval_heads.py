@@ -9,7 +9,7 @@ falls inside the needle, on a token equal to the token just generated ("copy-pas
 here the task's own score: the number was found); a head's score is its mean over them. Heads above
 `--threshold` (0.1, as Ltri-LLM) are written, best first, as [layer, head, score] triples.
 
-    python -m runners.retrieval_heads --model smollm2 --lengths 1024 2048 --depths 10 30 50 70 90 \
+    python -m offline.retrieval_heads --model smollm2 --lengths 1024 2048 --depths 10 30 50 70 90 \
         --rounds 2 --out results/retrieval_heads/smollm2.json
 """
 from __future__ import annotations
@@ -117,7 +117,7 @@ def main(argv=None):
                     key=lambda x: -x[2])
     heads = [list(x) for x in ranked if x[2] > args.threshold]
     result = {"procedure": "retrieval score (Wu et al. 2024, copy-paste top-1 attention)",
-              "command": " ".join(["python", "-m", "runners.retrieval_heads", *[a for a in argv]]),
+              "command": " ".join(["python", "-m", "offline.retrieval_heads", *[a for a in argv]]),
               "commit": git_commit(), "model": args.model, "samples": total,
               "answered": len(counted), "threshold": args.threshold, "retrieval_heads": heads,
               "top20": [list(x) for x in ranked[:20]]}

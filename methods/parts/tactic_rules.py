@@ -1,5 +1,5 @@
 """Tactic's selection rules as functions of scores (device-only, static shapes, no host ints taken
-from the data), in the style of methods/selection.py.
+from the data), in the style of methods/parts/selection.py.
 
 Vocabulary. A *row* is one selection set: a query head (H = Hq) or a KV head shared by its group
 (H = Hkv). Clusters are ranked per row by q.centroid; unpacking them in rank order gives the

@@ -1,4 +1,4 @@
-"""Cascading KV cache update: apply a step's plan (methods/stores_cascade.py) to one layer's store.
+"""Cascading KV cache update: apply a step's plan (methods/parts/stores_cascade.py) to one layer's store.
 
 Inputs (one layer): k, v [B, H, slots, D], score [B, H, slots] fp32, tok [B, H, slots] int64 (the
 store, updated in place); the step's new tokens k_new, v_new [B, H, T, D] (un-rotated), score_new

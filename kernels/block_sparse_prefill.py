@@ -5,7 +5,7 @@ builder csrc/vertical_slash_index.cu `convert_vertical_slash_indexes`; MIT; our 
 Per (batch, query head, query block of `block` positions) the kernel reads a list of key *blocks*
 (block_start, block_end: ranges of at most `block` keys) and a list of single key *columns*, and runs
 flash attention with an online softmax over both, masked causally and by the head's window. The three
-patterns of methods/minference_patterns.py are all such lists, so one launch serves a mixed layer:
+patterns of methods/parts/minference_patterns.py are all such lists, so one launch serves a mixed layer:
 
   vertical_slash  blocks = the key ranges the chosen diagonals cover in the query block, columns = the
                   chosen columns no range covers (the CUDA builder's rule);
@@ -14,7 +14,7 @@ patterns of methods/minference_patterns.py are all such lists, so one launch ser
   block_sparse    blocks = the selected key blocks;  dense  blocks = every causal key block.
 
 Exactness: the lists reproduce `minference_patterns.rows_mask` with `slash_cover: block` key for key
-(tests/test_kernels_minference.py expands them back into that mask). The reference builder differs
+(tests/test_kernels_block_sparse_prefill.py expands them back into that mask). The reference builder differs
 in one place: where two diagonal ranges nearly touch it extends the range by a whole block
 (`range_end += BLOCK_SIZE_M`, up to block - 1 extra keys), which rows_mask does not model; we keep
 ranges exact instead and cut each merged range into pieces of at most `block` keys (the last piece of
@@ -264,11 +264,11 @@ def mixed_sparse_attention_ref(q, k, v, idx: SparseIndex, scale: float, count: b
 
 def mixed_sparse_attention(q, k, v, idx: SparseIndex, scale: float, count: bool = False, config: dict | None = None):
     """Causal attention of q [B, Hq, T, D] over k, v [B, Hkv, N, D] restricted to the lists of `idx`:
-    the Triton kernel on CUDA (kernels/minference_triton.py), the torch reference elsewhere
+    the Triton kernel on CUDA (kernels/block_sparse_prefill_triton.py), the torch reference elsewhere
     (HARNESS_KERNELS forces one). -> [B, T, Hq * D] (, pairs int32 [B, Hq, Q] with `count`).
     `config` overrides the kernel's launch settings (minference_triton.CONFIG); the reference ignores it."""
     if backend_for(q) == "torch":
         return mixed_sparse_attention_ref(q, k, v, idx, scale, count)
-    from .minference_triton import mixed_sparse_attention_triton
+    from .block_sparse_prefill_triton import mixed_sparse_attention_triton
 
     return mixed_sparse_attention_triton(q, k, v, idx, scale, count, config)

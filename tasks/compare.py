@@ -1,5 +1,7 @@
-"""Two engines side by side on the same tokens: the method's and a dense reference (method `full`)
-on the same model, for tasks of mode "compare" (tasks/pg19_compare.py; Tactic Figs. 9-10).
+"""Compare mode's protocol: two engines side by side on the same tokens, the method's and a dense
+reference (method `full`) on the same model, for tasks of mode "compare" (tasks/pg19_compare.py;
+Tactic Figs. 9-10). The runner builds the reference engine and the rows (runners/batch.py
+`reference_for`, `compare_rows`); what is measured on the two engines is here.
 
 The reference engine shares the model's weights; each engine owns its KV cache. Per sample:
   kl     both prefill ids[:, :prefix], then both are fed ids[:, prefix + t] for t < steps (teacher
@@ -9,15 +11,7 @@ The reference engine shares the model's weights; each engine owns its KV cache. 
 """
 from __future__ import annotations
 
-import time
-import weakref
-
 import torch
-from omegaconf import OmegaConf
-
-import methods
-
-_REFERENCES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def kl_full_vs_method(full_logits: torch.Tensor, method_logits: torch.Tensor) -> torch.Tensor:
@@ -62,30 +56,3 @@ def compare(engine, reference, ids: torch.Tensor, protocol: str, prefix: int, st
     if protocol == "match":
         return [{"match_len": n} for n in match_lengths(engine, reference, ids, prefix, steps)]
     raise ValueError(f"unknown compare protocol {protocol!r}")
-
-
-def reference_for(engine):
-    """The dense engine beside `engine` (same model and weights, its own KV cache), built once."""
-    ref = _REFERENCES.get(engine)
-    if ref is None:
-        from runners.engine import Engine
-
-        full = methods.build(OmegaConf.create({"name": "full"}), engine.info)
-        ref = _REFERENCES[engine] = Engine(engine.model, full)
-    return ref
-
-
-def compare_rows(engine, task, batch, method_metrics=lambda m: {}):
-    """Rows of a compare-mode batch (runners/batch.py dispatches here): the task scores each
-    sample's result with `score_compare`; the method's own per-sample metrics ride along."""
-    first = batch[0]
-    p = first.params
-    ids = torch.tensor([s.input_ids for s in batch], dtype=torch.long)
-    t0 = time.perf_counter()
-    results = compare(engine, reference_for(engine), ids, p["protocol"], int(p["prefix"]), int(p["steps"]))
-    elapsed = time.perf_counter() - t0
-    extra = method_metrics(engine.method)
-    for s, res in zip(batch, results):
-        yield {"id": s.id, "params": s.params, "metrics": {**task.score_compare(s, res), **extra},
-               "input_tokens": len(s.input_ids), "compare": res, "attended": engine.method.stats(),
-               "timings": {"compare_s": elapsed}, "batch_size": len(batch), "timestamp": time.time()}

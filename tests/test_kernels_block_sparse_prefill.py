@@ -1,5 +1,5 @@
-"""MInference's block/column sparse prefill (kernels/minference.py, kernels/minference_triton.py): the
-index builder's lists against the masked path's mask (methods/minference_patterns.rows_mask, itself
+"""MInference's block/column sparse prefill (kernels/block_sparse_prefill.py, kernels/block_sparse_prefill_triton.py): the
+index builder's lists against the masked path's mask (methods/parts/minference_patterns.rows_mask, itself
 tested against brute force in tests/test_methods_minference.py) key for key, with no key listed twice;
 the kernel against the masked torch prefill (minference_patterns.sparse_prefill) in Triton's
 interpreter on small shapes (CPU) and at the Llama-3-8B shape on the GPU (`-m gpu`); every pattern,
@@ -12,8 +12,9 @@ import torch
 from triton_env import DEV, needs_triton
 
 import kernels
-from kernels import minference as KM
-from methods import minference as M, minference_patterns as P
+from kernels import block_sparse_prefill as KM
+from methods import minference as M
+from methods.parts import minference_patterns as P
 
 SCALE = 0.3
 VS, AS, BSP, DENSE = (P.Pattern("vertical_slash", 4, 5), P.Pattern("a_shape", 2, 6), P.Pattern("block_sparse", 2),

@@ -1,5 +1,5 @@
 """MInference's three head patterns: the per-head pattern files, the online index estimation and
-the masked sparse prefill (helpers of methods/minference.py and runners/minference_search.py).
+the masked sparse prefill (helpers of methods/minference.py and offline/minference_search.py).
 
 Everything follows microsoft/MInference; the reference file/function of each rule is named where
 it is implemented. Positions are absolute: a prefill over keys [0, N) whose queries sit at q_pos
@@ -21,15 +21,15 @@ from pathlib import Path
 import torch
 
 from common.errors import ConfigError
-from methods.selection import tie_round, top_first
+from methods.parts.selection import tie_round, top_first
 
-PATTERNS_DIR = Path(__file__).resolve().parent / "patterns"
+PATTERNS_DIR = Path(__file__).resolve().parents[1] / "patterns"
 ROOT = PATTERNS_DIR.parents[1]
 KINDS = ("vertical_slash", "a_shape", "block_sparse", "dense")
 # the reference's names in its config files (minference/configs/*.json) -> ours
 REF_NAMES = {"vertical_and_slash": "vertical_slash", "stream_llm": "a_shape", "block_sparse": "block_sparse"}
 OUR_TO_REF = {v: k for k, v in REF_NAMES.items()}
-SEARCH_HINT = "python -m runners.minference_search model={model}"
+SEARCH_HINT = "python -m offline.minference_search model={model}"
 # minference_forward.py `minference_prefill_kernel`: a head missing from the config file
 REFERENCE_DEFAULT = ("vertical_slash", 1000, 6096)
 

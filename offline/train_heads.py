@@ -1,13 +1,13 @@
-"""Head identification training: `python -m runners.train_heads model=<name> recipe=<recipe> ...`
+"""Head identification training: `python -m offline.train_heads model=<name> recipe=<recipe> ...`
 (Hydra config conf/train_heads.yaml). Writes a head file (methods/heads/<model>-<recipe>.json) that
 `method=lychee` / `method=duo` read, and the training curves lychee.fig7 renders.
 
 Per step (train_kuma.py): one passkey-in-book sample; the context prefilled densely without
-gradients; the answer segment through the teacher (dense) and the student (runners/student.py) with
+gradients; the answer segment through the teacher (dense) and the student (offline/student.py) with
 z sampled from the gates (one z for every head); loss = distillation + the sparsity term:
-  hardkuma, hardconcrete  the Lagrangian on the density mean P(z != 0) (runners/gates.Lagrangian)
+  hardkuma, hardconcrete  the Lagrangian on the density mean P(z != 0) (offline/gates.Lagrangian)
   direct                  DuoAttention's reg_weight x mean |alpha| (its own regulariser)
-AdamW(lr) on the gate parameters, warm-up/decay schedule (runners/gates.lr_lambda).
+AdamW(lr) on the gate parameters, warm-up/decay schedule (offline/gates.lr_lambda).
 Final set: hardkuma retrieval_prob (`final`) > 0.5; hardconcrete its deterministic gate > 0.5;
 direct the top round(target_density x heads) gates (DuoAttention sparsifies by quantile); for the
 lychee student layer 0 is then forced to retrieval (p_full[0, :] = 1 in the code).
@@ -23,10 +23,11 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from common.errors import ConfigError, HarnessError
-from methods import ModelInfo, headfile
-from runners import gates as G
-from runners.heads_data import PasskeyBook, load_books
-from runners.student import Student
+from methods import ModelInfo
+from methods.parts import headfile
+from offline import gates as G
+from offline.heads_data import PasskeyBook, load_books
+from offline.student import Student
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPES = {"passkey-hardkuma": ("hardkuma", "lychee"), "passkey-hardconcrete": ("hardconcrete", "lychee"),
@@ -163,7 +164,7 @@ def train(cfg: DictConfig, model=None, tokenizer=None) -> dict:
     # the command without where files go (checkpoint=, out=, curves=): a machine's paths do not change
     # the heads (as bench provenance leaves out --out)
     args = [a for a in sys.argv[1:] if a.split("=", 1)[0].lstrip("+~") not in ("checkpoint", "out", "curves")]
-    training = {"command": "python -m runners.train_heads " + " ".join(args), "commit": _commit(),
+    training = {"command": "python -m offline.train_heads " + " ".join(args), "commit": _commit(),
                 "gate": kind, "student": student_kind, "steps": steps, "final": cfg.final if kind == "hardkuma" else
                 gate.final, "target_density": float(cfg.target_density), "final_density": float(gate.density().detach()),
                 "expected_l0": float(gate.density().detach()) * roles.numel(), "loss": cfg.loss, "mask": s.mask,

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from methods.kmeans import init_indices_many, kmeans
+from methods.parts.cluster_keys import init_indices_many, kmeans
 
 
 class ClusterIndex:

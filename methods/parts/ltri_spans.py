@@ -32,7 +32,7 @@ import math
 import numpy as np
 import torch
 
-from methods.selection import tie_round
+from methods.parts.selection import tie_round
 
 
 def host(A: torch.Tensor) -> torch.Tensor:

@@ -1,6 +1,6 @@
 """LycheeDecode's token-selection modes (HITsz-TMG/TMGNLP LycheeDecode/src/utils/utils.py), as
 functions of the retrieval heads' scores returning (index int32 [B, n, k], counts int32 [B, n]) in
-the kit's convention (methods/selection.py): the valid prefix of a row is sorted by position,
+the kit's convention (methods/parts/selection.py): the valid prefix of a row is sorted by position,
 padding holds 0. Scores: fp32 [B, n, S], unscaled q̄·K, -inf at or past each length. Every rule is
 device-only (no host int from the data) and has a fixed output shape.
 

@@ -1,7 +1,7 @@
 """Strided-prefill attention of MInference + Cascade (methods/minference_cascade.py): a chunk of T queries
 over L = n + T keys, [the n keys already cached (sinks + cascades) | the chunk's own T keys], where
 every query attends every cached key (dense: they all precede the chunk) and the chunk's own keys under
-a MInference block/column index built over the chunk alone (kernels/minference.SparseIndex with
+a MInference block/column index built over the chunk alone (kernels/block_sparse_prefill.SparseIndex with
 q_start 0 and N = T: chunk-local rows and keys, causal, an A-shape head's window in chunk coordinates).
 One softmax over the union (the two parts merged by log-sum-exp: the kernel's online softmax runs over
 the cache tiles, then over the chunk's pieces and columns). Returns
@@ -18,7 +18,7 @@ for bit: tests/test_methods_minference_cascade.py).
 
 Torch reference (every device but CUDA; HARNESS_KERNELS forces): one fp32 pass over query blocks sized
 by kernels.prefill.REF_BLOCK_BYTES, the chunk mask rebuilt per block from a per-query-block cover (never
-a [T, T] mask), the same ops as strided_attention_ref. Triton (kernels/minference_cascade_triton.py):
+a [T, T] mask), the same ops as strided_attention_ref. Triton (kernels/block_sparse_chunk_triton.py):
 pass 1 the forward (cache dense, then the index) writing each query's base-2 log-sum-exp; pass 2 the
 cache keys' mass with kernels/cascade_attention's own `_mass_kernel` under that lse; pass 3 the chunk
 keys' mass over the same index (column sums per tile, atomically added: a key is hit by many query
@@ -29,13 +29,13 @@ from __future__ import annotations
 import torch
 
 from ._common import backend_for
-from .minference import SparseIndex
+from .block_sparse_prefill import SparseIndex
 from .prefill import REF_BLOCK_BYTES
 
 
 def chunk_cover(idx: SparseIndex, N: int) -> torch.Tensor:
     """[B, H, Q, N] bool: the keys each query block lists (pieces and columns), before the per-row causal
-    and window rules. A difference array over the pieces: memory B*H*Q*N, not kernels.minference.index_mask's
+    and window rules. A difference array over the pieces: memory B*H*Q*N, not kernels.block_sparse_prefill.index_mask's
     [B, H, Q, pieces, N] (pieces reach thousands for the reference's 6096 slashes)."""
     B, H, Q, cb = idx.block_start.shape
     live = (torch.arange(cb, device=idx.block_start.device) < idx.block_count[..., None]).to(torch.int32)
@@ -96,6 +96,6 @@ def chunk_attention(q, keys, values, n: int, idx: SparseIndex, scale: float, wei
     reference elsewhere (HARNESS_KERNELS forces one)."""
     if backend_for(q) == "torch":
         return chunk_attention_ref(q, keys, values, n, idx, scale, weights)
-    from .minference_cascade_triton import chunk_attention_triton
+    from .block_sparse_chunk_triton import chunk_attention_triton
 
     return chunk_attention_triton(q, keys, values, n, idx, scale, weights)

@@ -1,4 +1,4 @@
-"""MInference's offline per-head pattern search: `python -m runners.minference_search model=<name> ...`
+"""MInference's offline per-head pattern search: `python -m offline.minference_search model=<name> ...`
 (Hydra config conf/minference_search.yaml). Writes methods/patterns/<model>.json for `method=minference`.
 
 Reference (minference/modules/minference_forward.py): the model runs one long sample with dense
@@ -12,7 +12,7 @@ patterns runs through the real sparse kernel and is scored against the dense out
 Ties keep the earlier candidate (strict comparison, as the reference). Candidates are the reference's
 list at `ref_len`, sizes scaled linearly to the sample length (int(size x scale)); candidates that the
 method's clamps make identical are scored once. The sparse output is the method's own masked prefill
-(methods/minference_patterns.sparse_prefill) with the method options the file will be used with.
+(methods/parts/minference_patterns.sparse_prefill) with the method options the file will be used with.
 The sample: PG-19 text with a passkey at `depth` and the question at the end (the reference used one
 InfiniteBench KV-retrieval example, not available offline).
 """
@@ -28,9 +28,9 @@ from omegaconf import DictConfig, OmegaConf
 
 from common.errors import ConfigError, HarnessError
 from methods import ModelInfo
-from methods import minference_patterns as P
 from methods.full import Full
 from methods.minference import MInferenceConfig
+from methods.parts import minference_patterns as P
 from runners.results import git_commit
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -121,7 +121,7 @@ class _Searcher(Full):
 
 def sample_ids(tokenizer, cfg) -> torch.Tensor:
     """PG-19 text cut to the length, a passkey line at `depth`, the question last: [1, length]."""
-    from runners.heads_data import load_books
+    from offline.heads_data import load_books
 
     s = cfg.sample
     n = int(s.length)
@@ -173,7 +173,7 @@ def search(cfg: DictConfig, model=None, tokenizer=None, ids: torch.Tensor | None
     model_name = str(cfg.model.name)
     out_path = _path(cfg.out) if cfg.get("out") else P.pattern_path(model_name)
     args = [a for a in sys.argv[1:] if a.split("=", 1)[0].lstrip("+~") != "out"]
-    record = {"command": "python -m runners.minference_search " + " ".join(args), "commit": git_commit() or "unknown",
+    record = {"command": "python -m offline.minference_search " + " ".join(args), "commit": git_commit() or "unknown",
               "criterion": cfg.criterion, "tolerance": float(cfg.tolerance), "recall_from": recall_from,
               "sample": {**OmegaConf.to_container(cfg.sample, resolve=True), "tokens": N},
               "ref_len": int(cfg.ref_len), "scale": scale, "scaling": "size = int(reference size x scale)",

@@ -1,7 +1,7 @@
-"""MInference + Cascade's chunk attention (kernels/minference_cascade.py, kernels/minference_cascade_triton.py):
+"""MInference + Cascade's chunk attention (kernels/block_sparse_chunk.py, kernels/block_sparse_chunk_triton.py):
 the torch reference against brute force (a float64 masked softmax over [cache | chunk under the index mask]:
 output, EMA-weighted mass, pairs), against kernels/cascade_attention.strided_attention_ref bit for bit when
-the index covers every causal pair, its per-block cover against kernels/minference.index_mask; the Triton
+the index covers every causal pair, its per-block cover against kernels/block_sparse_prefill.index_mask; the Triton
 kernels against the reference in the interpreter on small shapes (CPU) and at Llama-3.1-8B's shape with a
 16K cache on the GPU (`-m gpu`): every pattern, GQA, caches shorter and longer than the chunk, none, cache
 counts off the tile size, partial query blocks."""
@@ -11,10 +11,10 @@ import pytest
 import torch
 from triton_env import DEV, needs_triton
 
-from kernels import minference as KM
+from kernels import block_sparse_prefill as KM
 from kernels.cascade_attention import strided_attention_ref
-from kernels.minference_cascade import chunk_attention, chunk_attention_ref, chunk_cover, chunk_rows
-from methods import minference_patterns as P
+from kernels.block_sparse_chunk import chunk_attention, chunk_attention_ref, chunk_cover, chunk_rows
+from methods.parts import minference_patterns as P
 
 SCALE = 0.3
 MIX = [P.Pattern("vertical_slash", 4, 5), P.Pattern("a_shape", 2, 6), P.Pattern("block_sparse", 2), P.Pattern("dense")]

@@ -2,7 +2,7 @@
 
 A head file is a small JSON in `methods/heads/<model>-<recipe>.json` (model = the conf/model name,
 recipe = how the roles were learned, e.g. `passkey-hardkuma`), written by the head-identification
-trainer (`python -m runners.train_heads`):
+trainer (`python -m offline.train_heads`):
 
     {"model": "smollm2", "recipe": "passkey-hardkuma", "num_layers": 30, "num_kv_heads": 3,
      "heads":  [[1, 1, 1], [0, 1, 0], ...],      # layers x KV heads, 1 = retrieval
@@ -26,10 +26,10 @@ from pathlib import Path
 
 from common.errors import ConfigError
 
-HEADS_DIR = Path(__file__).resolve().parent / "heads"
+HEADS_DIR = Path(__file__).resolve().parents[1] / "heads"
 ROOT = HEADS_DIR.parents[1]
 DEFAULT_DENSITY = 24 / 256  # the reference's desired_density for Llama-3-8B (0.09375)
-TRAIN_HINT = "python -m runners.train_heads model={model} recipe={recipe}"
+TRAIN_HINT = "python -m offline.train_heads model={model} recipe={recipe}"
 
 
 @dataclass(frozen=True)

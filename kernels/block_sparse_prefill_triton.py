@@ -1,10 +1,10 @@
-"""Triton kernel of kernels/minference.py (CUDA; the tests run it in the interpreter too).
+"""Triton kernel of kernels/block_sparse_prefill.py (CUDA; the tests run it in the interpreter too).
 
 One program per (query block, batch x query head), as the reference's
 `_triton_mixed_sparse_attn_fwd_kernel`: load the block's queries once, then flash attention with an
 online softmax (base 2) over the head's key blocks (contiguous loads of at most BLOCK keys each), then
 over its single columns (gathered loads, BM at a time). Two stages as the FlashAttention Triton tutorial:
-the block's first `block_free` pieces (kernels/minference.py `_free`: BS keys, causal for every row of
+the block's first `block_free` pieces (kernels/block_sparse_prefill.py `_free`: BS keys, causal for every row of
 the block, inside the head's window) run unmasked (no mask on the loads, no visibility test; with
 `pair` two of them per 2*BS-key tile); every other tile is masked by the same rule: the key exists
 (inside its piece / a live column), is causal for the row, and lies in the head's window (row - key
@@ -154,7 +154,7 @@ def _mixed_sparse_fwd(Q, K, V, Out, BStart, BEnd, BCount, BFree, CIdx, CCount, I
 
 
 def mixed_sparse_attention_triton(q, k, v, idx, scale: float, count: bool = False, config: dict | None = None):
-    """The kernel over a kernels.minference.SparseIndex; see mixed_sparse_attention. `config` overrides
+    """The kernel over a kernels.block_sparse_prefill.SparseIndex; see mixed_sparse_attention. `config` overrides
     entries of CONFIG (num_warps, num_stages: CUDA launch only; pair)."""
     cfg = {**CONFIG, **(config or {})}
     if set(cfg) != set(CONFIG):
