@@ -28,6 +28,7 @@ from methods.config import ChunkedPrefill, option
 from methods.stores import FullStore
 
 _ELEMS = 1 << 24  # gathered key elements per block of prefill queries (bounds the torch path's memory)
+_INDEX = 1 << 25  # index entries per block of prefill queries on the GPU (int64 temporaries: 256 MiB each)
 
 
 @dataclass(frozen=True)
@@ -156,24 +157,29 @@ class BigBird(Method):
         step, S, B = self.step, self.store, q.shape[0]
         q, k = rope.apply(q, self.r), rope.apply(k, self.r)
         S.write(layer, self.r, k, v)                   # chunks never cross a block (prefill_chunk)
-        index, counts = self.sets(layer, step.positions, self.r)
         if step.phase == "decode":
+            index, counts = self.sets(layer, step.positions, self.r)
             self.record(layer, counts.float().mean())
             out = kernels.sparse_decode_tokens(q[:, :, 0].contiguous(), S.k[layer], S.v[layer],
                                                index.expand(B, -1, -1).contiguous(),
                                                counts.expand(B, -1).contiguous(), self.info.scaling)
             return out.view(B, 1, -1)
-        # prefill: every query is a decode over its own set (the chunk's keys are already written)
+        # prefill: every query is a decode over its own set (the chunk's keys are already written), in
+        # blocks of rows whose index sets are built per block: the whole chunk's [T, Hq, budget] sets
+        # were 16 GiB at 32K and 63 GiB at 128K. The kernel reads the store in place, so only the sets
+        # bound a block on the GPU; the torch reference also gathers the keys (x D).
         T, Hq, D = q.shape[2], q.shape[1], q.shape[3]
-        rows = max(1, _ELEMS // (Hq * self.cfg.budget * D))
+        per_row = Hq * self.cfg.budget * (D if not q.is_cuda else 1)
+        rows = max(1, (_ELEMS if not q.is_cuda else _INDEX) // per_row)
         out = torch.empty(B, T, Hq * D, device=q.device, dtype=q.dtype)
-        for b in range(B):
-            for t0 in range(0, T, rows):
-                t1 = min(T, t0 + rows)
+        for t0 in range(0, T, rows):
+            t1 = min(T, t0 + rows)
+            index, counts = self.sets(layer, step.positions[t0:t1], self.r[t0:t1])
+            index, counts = index.contiguous(), counts.contiguous()
+            for b in range(B):
                 kb = S.k[layer, b:b + 1].expand(t1 - t0, -1, -1, -1)
                 vb = S.v[layer, b:b + 1].expand(t1 - t0, -1, -1, -1)
                 qb = q[b, :, t0:t1].transpose(0, 1).contiguous()
-                o = kernels.sparse_decode_tokens(qb, kb, vb, index[t0:t1].contiguous(), counts[t0:t1].contiguous(),
-                                                 self.info.scaling)
+                o = kernels.sparse_decode_tokens(qb, kb, vb, index, counts, self.info.scaling)
                 out[b, t0:t1] = o.reshape(t1 - t0, Hq * D)
         return out
