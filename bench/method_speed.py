@@ -6,7 +6,8 @@
 Each method is built from its YAML defaults plus the `name:key=value,key=value` overrides; per
 (context, method): Engine.reset + one prefill of random tokens (CUDA events), then 8 warm-up decode
 steps and 40 timed ones (CUDA events around the 40), and the peak memory of the whole (prefill
-included). An out-of-memory is recorded as such, not raised. `--profile SPEC@CONTEXT` adds a per-kernel
+included). An out-of-memory (or any error of one configuration) is recorded in its row, not raised:
+one bad configuration once lost a whole sweep. `--profile SPEC@CONTEXT` adds a per-kernel
 profile of a few eager decode steps (torch.profiler, no CUDA graph): where a method's step goes.
 """
 from __future__ import annotations
@@ -70,6 +71,8 @@ def run_one(model, info, ids, spec, warmup, steps, graphs=True):
         row["graphed"] = eng.graphs is not None
     except torch.OutOfMemoryError as e:
         row["error"] = "out of memory: " + str(e).split("\n")[0][:160]
+    except Exception as e:  # noqa: BLE001 - one bad configuration must not lose the rest of the sweep
+        row["error"] = f"{type(e).__name__}: " + str(e).split("\n")[0][:200]
     finally:
         row["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
         if eng is not None:
@@ -137,7 +140,10 @@ def main(argv=None):
         ids = ids_of.get(int(ctx))
         if ids is None:
             ids = torch.randint(0, info.vocab_size, (args.batch, int(ctx)), generator=gen).to(device)
-        p = profile(model, info, ids, spec)
+        try:
+            p = profile(model, info, ids, spec)
+        except Exception as e:  # noqa: BLE001 - as run_one: keep the sweep
+            p = {"method": spec, "context": int(ctx), "error": f"{type(e).__name__}: " + str(e).split("\n")[0][:200]}
         print(json.dumps(p), flush=True)
         profiles.append(p)
     out = {"provenance": provenance("bench.method_speed", argv), "environment": environment(),
