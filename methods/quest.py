@@ -43,14 +43,14 @@ class QuestConfig(ChunkedPrefill):
                        "from the group's summed bounds (sparse-frontier share_pages)", choices=POOL)
     include_current_page: bool = option(False, "true = kernel path: the current page always attended, "
                                         "counted in the budget, and the budget not clamped to the context")
-    clamp_budget: bool | None = option(None, "true = eval path: budget = min(context, budget) before the page "
-                                       "count (sparsifies contexts shorter than the budget); false = budget as "
-                                       "given (the kernel path); null = the path's own: true unless "
-                                       "include_current_page")
+    clamp_budget: bool = option(True, "true = reference eval path: budget = min(context, budget) before the page "
+                                "count (sparsifies contexts shorter than the budget; the kernel path, "
+                                "include_current_page, never clamps); false = budget as given")
 
     @property
     def clamps(self) -> bool:
-        return (not self.include_current_page) if self.clamp_budget is None else self.clamp_budget
+        # the clamp is the eval path's (evaluation/quest_attention.py); the kernel path has none
+        return self.clamp_budget and not self.include_current_page
 
     def check(self, info):
         layer_range("dense_layers", self.dense_layers, info)

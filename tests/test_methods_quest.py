@@ -103,18 +103,19 @@ def test_budget_clamped_to_context_as_the_reference(clamp, pages):
     assert all(x in (984, 992) for x in per_head) if clamp else all(x == 1000 for x in per_head)
 
 
-@pytest.mark.parametrize("extra,pages", [({}, 9), ({"clamp_budget": True}, 8)])
-def test_kernel_path_keeps_every_page_of_a_short_context(extra, pages):
+@pytest.mark.parametrize("kernel_path,pages", [(True, 9), (False, 8)])
+def test_kernel_path_keeps_every_page_of_a_short_context(kernel_path, pages):
     """`include_current_page: true` is the reference's kernel path (mit-han-lab/Quest, quest/models/
     QuestAttention.py: `token_budget` pages of the whole cache, no clamp to the context): at 134 tokens
-    and budget 4096 it keeps all 9 pages (8 full + the current one), as that kernel does; only an explicit
-    `clamp_budget: true` clamps the budget (134 // 16 = 8 pages) as the eval path does."""
+    and budget 4096 it keeps all 9 pages (8 full + the current one), as that kernel does, with the
+    YAML's `clamp_budget: true` left as it is. The eval path clamps the budget to the context
+    (134 // 16 = 8 pages)."""
     model = tiny("llama")
-    method, info = make({"name": "quest", "budget": 4096, "include_current_page": True, "dense_layers": 1,
-                         **extra}, model)
+    method, info = make({"name": "quest", "budget": 4096, "include_current_page": kernel_path, "dense_layers": 1},
+                        model)
     d = Driver(method, info, rope_for(model), max_len=140, batch=1)
     d.step(133, "prefill")
     d.step(1, "decode")
     counts = (method.selected[1] >= 0).sum(-1)
     assert counts.min().item() == counts.max().item() == pages
-    assert method.cfg.describe()["budget_clamped_to_context"] is bool(extra)
+    assert method.cfg.clamp_budget is True and method.cfg.describe()["budget_clamped_to_context"] is not kernel_path
