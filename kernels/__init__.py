@@ -11,8 +11,8 @@ from .attention import (decode_attention, decode_attention_mass, decode_attentio
                         selection_attention_ref, sparse_decode_pages, sparse_decode_pages_ref,
                         sparse_decode_tokens, sparse_decode_tokens_ref, topk_positions)
 from .prefill import attention_mass, attention_mass_ref, prefill_attention
-from .quest import (quest_page_scores, quest_page_scores_ref, quest_select_pages, quest_topk_pages,
-                    quest_update_pages, quest_update_pages_ref)
+from .quest import (quest_page_scores, quest_page_scores_ref, quest_topk_pages, quest_update_pages,
+                    quest_update_pages_ref)
 
 __all__ = [
     "HAVE_TRITON", "backend_for", "interpreter_active",
@@ -21,5 +21,5 @@ __all__ = [
     "sparse_decode_tokens", "sparse_decode_tokens_ref", "sparse_decode_pages",
     "sparse_decode_pages_ref", "topk_positions",
     "quest_update_pages", "quest_update_pages_ref", "quest_page_scores", "quest_page_scores_ref",
-    "quest_topk_pages", "quest_select_pages",
+    "quest_topk_pages",
 ]

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import torch
 
 import kernels
+from kernels.quest import quest_select_pages
 from methods import selection
 from methods.base import Method, register
 from methods.config import ChunkedPrefill, layer_range, option
@@ -136,9 +137,9 @@ class Quest(Method):
         H = Hq, or Hkv with pool=kv_head. `selected` shows them with -1 past the counts."""
         c = self.cfg
         kmin, kmax = self.bounds.kmin[layer], self.bounds.kmax[layer]
-        if c.pool == "query_head":  # scores + top-k in two kernels on the GPU (kernels.quest_select_pages)
-            return kernels.quest_select_pages(q1, kmin, kmax, self.pages_valid, self.page_budget,
-                                              force_last=c.include_current_page, row_budget=self.row_budget)
+        if c.pool == "query_head":  # scores + top-k in two kernels on the GPU (kernels/quest.py)
+            return quest_select_pages(q1, kmin, kmax, self.pages_valid, self.page_budget,
+                                      force_last=c.include_current_page, row_budget=self.row_budget)
         scores = kernels.quest_page_scores(q1, kmin, kmax, self.pages_valid)  # [B, Hq, n_pages] fp32
         scores = selection.group_reduce(scores, self.info.num_kv_heads, "sum")
         pages, counts = selection.top_pages(scores, self.pages_valid, self.page_budget,

@@ -56,8 +56,7 @@ class Rope:
         """HF's table (emb = cat(freqs, freqs); cos, sin times attention_scaling) with float64 angles."""
         inv_freq = getattr(self.module, "inv_freq", None)
         if inv_freq is None or getattr(self.module, "rope_type", "default") == "longrope":
-            # longrope switches inv_freq with the length
-            from common.errors import ConfigError
+            from common.errors import ConfigError  # longrope switches inv_freq with the length
 
             raise ConfigError(f"this model's rotary embedding ({type(self.module).__name__}, rope_type "
                               f"{getattr(self.module, 'rope_type', '?')}) has no fixed inv_freq: positions "
@@ -69,12 +68,8 @@ class Rope:
         return (emb.cos() * scale).to(like.dtype), (emb.sin() * scale).to(like.dtype)
 
     def apply(self, x: torch.Tensor, positions: torch.Tensor, precise: bool = False) -> torch.Tensor:
-        """Rotate x [B, H, T, D] by positions [T] (shared across batch) or [B, T]; one position
-        ([1] or [B, 1]) rotates every row of x by that same angle (LM-Infinite's and InfLLM's
-        capped-distance queries: the one per-row rotation of the project, here)."""
+        """Rotate x [B, H, T, D] by positions [T] (shared across batch) or [B, T]."""
         cos, sin = self.cos_sin(positions, x, precise)
-        if cos.shape[-2] != x.shape[-2]:
-            cos, sin = (t.expand(t.shape[0], x.shape[-2], t.shape[-1]) for t in (cos, sin))
         if x.is_cuda:  # one fused kernel instead of ~8 element-wise ones (same rounding)
             from kernels.fused import rope
 

@@ -165,7 +165,7 @@ def test_fused_selection_equals_scores_then_topk(force_last):
         nv = torch.randint(1, NP + 1, (B,), generator=g).to(torch.int32)
         row = torch.clamp(torch.minimum(nv - torch.randint(0, 2, (B,), generator=g), torch.tensor(k)), min=1)
         row = row.to(torch.int32) if trial % 2 else None
-        got_i, got_c = kernels.quest_select_pages(q, kmin, kmax, nv, k, force_last=force_last, row_budget=row)
+        got_i, got_c = Qm.quest_select_pages(q, kmin, kmax, nv, k, force_last=force_last, row_budget=row)
         want_i, want_c = Qm.quest_topk_pages(Qm.quest_page_scores_ref(q, kmin, kmax, nv), k, nv,
                                              force_last=force_last, row_budget=row)
         assert torch.equal(got_c, want_c), trial
