@@ -23,7 +23,6 @@ import torch
 from ._common import backend_for
 from .attention import _live, _span, decode_attention_ref, sparse_decode_tokens_ref
 
-
 # ----------------------------------------------------------------------------- torch references
 
 def retrieval_scores_ref(q, k, lengths, heads, max_length=None, block: int = 1):
@@ -42,7 +41,7 @@ def retrieval_scores_ref(q, k, lengths, heads, max_length=None, block: int = 1):
 
 
 def hybrid_decode_ref(q, k, v, lengths, retrieval, index, counts, scale, max_length=None):
-    B, Hq, D = q.shape
+    Hq = q.shape[1]
     G = Hq // k.shape[1]
     dense = decode_attention_ref(q, k, v, lengths, scale, max_length)
     if index is None:
@@ -104,8 +103,11 @@ def streaming_prefill_attention(q, k, v, scale, retrieval, sink: int, recent: in
     """Multi-token attention (new tokens are the last T of the L keys) where the query heads of
     retrieval KV heads (`retrieval` bool [Hkv], host or device) attend causally and the others see
     only the first `sink` keys, the `recent` keys before their own position and it (DuoAttention's
-    Λ-shaped streaming pattern, at token granularity). The [T, L] mask is built per block of
-    `block` queries, so memory stays bounded at long prompts. -> [B, T, Hq * D]."""
+    Λ-shaped streaming pattern, at token granularity). Streaming heads run per block of `block`
+    queries over only the keys the block can see (the sinks and the span from its first query's
+    window to its last query), masked: O(T (sink + recent + block)) rather than the O(T L) of a
+    [T, L] mask over every key, which made DuoAttention's prefill 2x full attention's at 128K.
+    -> [B, T, Hq * D]."""
     from .prefill import prefill_attention
 
     B, Hq, T, D = q.shape
@@ -121,12 +123,19 @@ def streaming_prefill_attention(q, k, v, scale, retrieval, sink: int, recent: in
         out[:, :, qidx(rkv)] = o.view(B, T, len(rkv) * G, D)
     if skv:
         qs, ks, vs = q[:, qidx(skv)], k[:, skv], v[:, skv]
-        kpos = torch.arange(L, device=q.device)
         for t0 in range(0, T, block):
             t1 = min(T, t0 + block)
-            qpos = torch.arange(L - T + t0, L - T + t1, device=q.device).view(-1, 1)
+            first, last = L - T + t0, L - T + t1 - 1             # the block's query positions
+            lo = max(sink, first - recent)                       # oldest non-sink key any of them sees
+            if lo > sink:   # sinks, then the window span: keys in between are seen by no query here
+                kb, vb = (torch.cat([x[:, :, :sink], x[:, :, lo:last + 1]], 2) for x in (ks, vs))
+                kpos = torch.cat([torch.arange(sink, device=q.device), torch.arange(lo, last + 1, device=q.device)])
+            else:
+                kb, vb = ks[:, :, :last + 1], vs[:, :, :last + 1]
+                kpos = torch.arange(last + 1, device=q.device)
+            qpos = torch.arange(first, last + 1, device=q.device).view(-1, 1)
             mask = (kpos <= qpos) & ((kpos < sink) | (kpos >= qpos - recent))
             o = torch.nn.functional.scaled_dot_product_attention(
-                qs[:, :, t0:t1], ks, vs, attn_mask=mask, scale=scale, enable_gqa=G > 1)
+                qs[:, :, t0:t1], kb, vb, attn_mask=mask, scale=scale, enable_gqa=G > 1)
             out[:, t0:t1, qidx(skv)] = o.transpose(1, 2)
     return out.view(B, T, Hq * D)

@@ -59,7 +59,8 @@ if HAVE_TRITON:
     def _quest_scores_kernel(Q, Kmin, Kmax, Nvalid, Out, NP,
                              s_qb, s_qh, s_mb, s_mh, s_mp, s_ob, s_oh, HKV,
                              G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr,
-                             BLOCK_P: tl.constexpr, F32: tl.constexpr, PREC: tl.constexpr):
+                             BLOCK_P: tl.constexpr, F32: tl.constexpr, PREC: tl.constexpr,
+                             FORCE_LAST: tl.constexpr = False):
         pid = tl.program_id(0)
         b = (pid // HKV).to(tl.int64)
         h = pid % HKV
@@ -83,6 +84,8 @@ if HAVE_TRITON:
         s += tl.dot(tl.minimum(q, zero).to(kn.dtype), tl.trans(kn), input_precision=PREC)
         nv = tl.load(Nvalid + b)
         s = tl.where((pp < nv)[None, :], s, float("-inf"))
+        if FORCE_LAST:  # the page being written always taken (Quest's kernel path)
+            s = tl.where((pp == nv - 1)[None, :], float("inf"), s)
         tl.store(Out + b * s_ob + (h * G + rows)[:, None] * s_oh + pp[None, :], s,
                  mask=rmask[:, None] & pmask[None, :])
 
@@ -183,11 +186,16 @@ def quest_page_scores_ref(q, kmin, kmax, n_pages_valid):
     return out.view(B, Hq, NP)
 
 
-def quest_page_scores(q, kmin, kmax, n_pages_valid):
+def quest_page_scores(q, kmin, kmax, n_pages_valid, *, force_last: bool = False):
     """Quest bounds q [B, Hq, D] x pages [B, Hkv, n_pages, D] -> [B, Hq, n_pages] fp32, per query
-    head (sum over the group yourself for shared pages); pages >= n_pages_valid[b] get -inf."""
+    head (sum over the group yourself for shared pages); pages >= n_pages_valid[b] get -inf; with
+    `force_last` the last valid page gets +inf (always selected)."""
     if backend_for(q) == "torch":
-        return quest_page_scores_ref(q, kmin, kmax, n_pages_valid)
+        s = quest_page_scores_ref(q, kmin, kmax, n_pages_valid)
+        if force_last:
+            nv = _as_batch_tensor(n_pages_valid, q.shape[0], q.device).long()
+            s = s.masked_fill(torch.arange(s.shape[-1], device=s.device) == (nv - 1).view(-1, 1, 1), float("inf"))
+        return s
     B, Hq, D = q.shape
     Hkv, NP = kmin.shape[1], kmin.shape[2]
     G = Hq // Hkv
@@ -201,8 +209,28 @@ def quest_page_scores(q, kmin, kmax, n_pages_valid):
         q, kmin, kmax, nv, out, NP, q.stride(0), q.stride(1),
         kmin.stride(0), kmin.stride(1), kmin.stride(2), out.stride(0), out.stride(1), Hkv,
         G=G, G_PAD=max(16, next_pow2(G)), D=D, BLOCK_P=block_p, F32=f32,
-        PREC="ieee" if f32 else "tf32", num_warps=4)
+        PREC="ieee" if f32 else "tf32", FORCE_LAST=force_last, num_warps=4)
     return out
+
+
+def quest_select_pages(q, kmin, kmax, n_pages_valid, page_budget, *, force_last, row_budget=None):
+    """Quest's whole selection, per query head: (page index int32 [B, Hq, min(page_budget, NP)] sorted,
+    padding 0; counts int32 [B, Hq]) = quest_topk_pages(quest_page_scores(...)) up to ties.
+
+    On the GPU, up to RADIX_MAX_CONTEXT pages (512K tokens at 16 a page), two kernels: the scores
+    (masked, the forced page +inf) and the radix top-k with the row budget as a per-sequence k, already
+    sorted by page. The torch.topk path was ~8 kernels per layer (mask, top-k, keep, sort, where):
+    1.2 ms/token of top-k and sort at 32K on the H100, more than the attention it saves. Exact ties
+    in the bound go to the lower page (torch.topk breaks them arbitrarily)."""
+    from .topk import RADIX_MAX_CONTEXT, topk_positions
+
+    NP = kmin.shape[2]
+    if backend_for(q) == "torch" or NP > RADIX_MAX_CONTEXT:
+        scores = quest_page_scores(q, kmin, kmax, n_pages_valid)
+        return quest_topk_pages(scores, page_budget, n_pages_valid, force_last=force_last, row_budget=row_budget)
+    scores = quest_page_scores(q, kmin, kmax, n_pages_valid, force_last=force_last)
+    rk = None if row_budget is None else _as_batch_tensor(row_budget, q.shape[0], q.device)
+    return topk_positions(scores, None, page_budget, impl="radix", row_k=rk)
 
 
 def page_keep_ref(vals, idx, n_pages, row_budget=None):

@@ -33,14 +33,17 @@ from .attention import topk_positions as torch_topk_positions
 RADIX_MAX_CONTEXT = 32768  # longer rows: torch.topk (module docstring)
 
 
-def topk_positions_ref(scores, lengths, topk):
-    """The contract above with the ties rule made deterministic (lowest positions first)."""
-    B, H, S = scores.shape
+def topk_positions_ref(scores, lengths, topk, row_k=None):
+    """The contract above with the ties rule made deterministic (lowest positions first); `row_k`
+    (int [B], each <= topk) lowers k per sequence."""
+    B, _, S = scores.shape
     kk = min(int(topk), S)
     finite = scores > float("-inf")
     # rank by (score desc, position asc): a stable descending sort
     order = scores.sort(dim=-1, descending=True, stable=True).indices[..., :kk]
     keep = finite.gather(-1, order)
+    if row_k is not None:
+        keep &= torch.arange(kk, device=scores.device) < row_k.to(scores.device).long().view(B, 1, 1)
     counts = keep.sum(-1)
     idx = torch.where(keep, order, S).sort(-1).values
     idx = torch.where(idx == S, 0, idx)
@@ -56,8 +59,8 @@ def _key(x):
 
 
 @triton.jit
-def _topk_kernel(Sc, Idx, Cnt, Rows, S, K, N, s_sb, s_sh, s_ib, s_ih, s_cb, s_ch,
-                 BLOCK: tl.constexpr, KPAD: tl.constexpr, HAS_ROWS: tl.constexpr):
+def _topk_kernel(Sc, Idx, Cnt, Rows, Kb, S, K, N, s_sb, s_sh, s_ib, s_ih, s_cb, s_ch,
+                 BLOCK: tl.constexpr, KPAD: tl.constexpr, HAS_ROWS: tl.constexpr, HAS_KB: tl.constexpr):
     pid = tl.program_id(0)
     b = (pid // N).to(tl.int64)
     i = pid % N
@@ -83,6 +86,8 @@ def _topk_kernel(Sc, Idx, Cnt, Rows, S, K, N, s_sb, s_sh, s_ib, s_ih, s_cb, s_ch
                 hist += tl.histogram(digit, 256, mask=cand)
             if p == 0:  # k_eff = min(k, finite entries)
                 k_rem = tl.minimum(K, tl.sum(hist, 0))
+                if HAS_KB:  # a per-sequence k (Quest's budget clamped to a short context)
+                    k_rem = tl.minimum(k_rem, tl.load(Kb + b).to(tl.int32))
             # suffix sums: above[d] = candidates with digit > d
             total = tl.sum(hist, 0)
             upto = tl.cumsum(hist, 0)            # digits <= d
@@ -136,9 +141,12 @@ def _write_rows(res, out, rows):
     return out
 
 
-def topk_positions(scores, lengths, topk, *, block: int | None = None, impl: str = "auto", out=None, rows=None):
+def topk_positions(scores, lengths, topk, *, block: int | None = None, impl: str = "auto", out=None, rows=None,
+                   row_k=None):
     """Top-`topk` positions per row (module docstring). Triton on CUDA, the reference elsewhere.
     impl: auto (radix kernel up to RADIX_MAX_CONTEXT, torch.topk beyond) | radix | torch.
+    row_k (int32 [B] on the device, each <= topk): k per sequence, without a host sync (radix kernel
+    and reference only: the torch.topk path refuses it).
 
     out = (index int32 [B, Ho, W], counts int32 [B, Ho]), W >= min(topk, S): the result is written in
     place, row h of the scores into row rows[h] (rows: int64 [H] on the device; None: row h), index
@@ -150,7 +158,12 @@ def topk_positions(scores, lengths, topk, *, block: int | None = None, impl: str
     kk = min(int(topk), S)
     if out is not None:
         assert out[0].shape[-1] >= kk and out[0].shape[0] == B, "out must hold B rows of min(topk, S) columns"
+    if backend_for(scores) == "torch" and row_k is not None:
+        res = topk_positions_ref(scores, lengths, topk, row_k)
+        return res if out is None else _write_rows(res, out, rows)
     if backend_for(scores) == "torch" or impl == "torch" or (impl == "auto" and S > RADIX_MAX_CONTEXT):
+        if row_k is not None:
+            raise ValueError("row_k needs the radix kernel (impl='radix') or the torch backend")
         ref = topk_positions_ref if backend_for(scores) == "torch" else torch_topk_positions
         res = ref(scores, lengths, topk)
         return res if out is None else _write_rows(res, out, rows)
@@ -168,7 +181,9 @@ def topk_positions(scores, lengths, topk, *, block: int | None = None, impl: str
     blk = block or (1024 if scores.is_cuda else 64)
     has_rows = rows is not None
     kernel_for(_topk_kernel, scores)[(B * H,)](
-        sc, idx, cnt, rows if has_rows else cnt, S, kk, H, sc.stride(0), sc.stride(1), idx.stride(0),
+        sc, idx, cnt, rows if has_rows else cnt, row_k if row_k is not None else cnt, S, kk, H,
+        sc.stride(0), sc.stride(1), idx.stride(0),
         idx.stride(1), cnt.stride(0), cnt.stride(1), BLOCK=blk, KPAD=idx.shape[-1], HAS_ROWS=has_rows,
+        HAS_KB=row_k is not None,
         num_warps=8 if scores.is_cuda else 1)
     return (idx, cnt) if out is None else out

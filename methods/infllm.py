@@ -29,7 +29,6 @@ from kernels.lse import decode_attention_lse, merge_attention, sparse_decode_tok
 from kernels.window import FAR, window_attention_lse, window_mass
 from methods.base import Method, register
 from methods.config import MethodConfig, option
-from methods.parts.rope import rotate_half
 from methods.parts.selection import top_first
 from methods.parts.stores_blocks import BlockMemory, WindowRing
 
@@ -181,19 +180,11 @@ class InfLLM(Method):
         self.local_slots = self.local_pos % self.ring_size
         self.rem_slots = self.ring.slots(self.rem_start, self.rem_start + self.rem_len)
         self.mem_angle = torch.tensor([c.distance], device=dev)
-        self._mem_cs = None
         if step.phase == "decode":
             n = a + 1 - lo
             self.local_index = self.local_slots.to(torch.int32).view(1, 1, n).expand(
                 self.batch, self.info.num_kv_heads, n).contiguous()
             self.local_counts = torch.full((self.batch, self.info.num_kv_heads), n, dtype=torch.int32, device=dev)
-
-    def _rotate_mem(self, q, rope):
-        if self._mem_cs is None:
-            cos, sin = rope.cos_sin(self.mem_angle, q)
-            self._mem_cs = (cos.unsqueeze(1), sin.unsqueeze(1))
-        cos, sin = self._mem_cs
-        return (q * cos + rotate_half(q) * sin).to(q.dtype)
 
     # --- one layer -----------------------------------------------------------------------------
     def attend(self, layer, q, k, v, rope):
@@ -203,7 +194,7 @@ class InfLLM(Method):
         q_rot, k_rot = rope.apply(q, pos), rope.apply(k, pos)
         self.ring.write(layer, self.new_slots, k, k_rot, v)
         self.q_rot = q_rot                          # the step's queries at their positions (Ltri's query spans)
-        q_mem = self._rotate_mem(q, rope)
+        q_mem = rope.apply(q, self.mem_angle)  # every query at the one memory distance
         n_mem = self.fill_memory(layer, q_mem)
         ring = self.ring
         if step.phase == "decode":
@@ -268,7 +259,7 @@ class InfLLM(Method):
         c, p = self.cfg, self.step.start
         vals = []
         for b, (s, e) in enumerate(self.needle):
-            blocks = set(x for u in sel[b] for x in u) if sel else set()
+            blocks = {x for u in sel[b] for x in u} if sel else set()
             seen = sum(1 for t in range(s, e) if t > p - c.n_local or t < self.init_len
                        or self.rem_start <= t < self.rem_start + self.rem_len
                        or (t >= c.n_init and (t - c.n_init) // c.block_size in blocks))

@@ -15,6 +15,15 @@ local). The reference prefills the whole prompt in one pass; we stream it in chu
 `prefill_chunk` tokens, which gives the same attention (the mask is per query) except that
 kv_seq_len in the cap is the end of the chunk, not of the prompt: they differ only when
 limit_distance > local_branch. The non-Lambda path's `triangle_offset` (0 by default) is not offered.
+
+Decode is one pass over the store, like StreamingLLM's, and captured in a CUDA graph. Every stored
+token is attended (the ring holds exactly the local branch; a sink is local or global), and a global
+sink's logit (q rotated by the capped distance theta) . k equals (q rotated at p) . (k rotated at
+p - theta): RoPE scores depend only on the angle difference. So each step re-rotates the G sinks' raw
+keys into their store slots (at p - theta if global, at j if local) and reads [sinks | ring] by
+length with one decode kernel, all from the device position. It was 11x StreamingLLM's decode: a
+host sync per step (nonzero over the slots), no graph, two kernels and a merge per layer. The
+rounding differs from the two-part form only at float precision (same softmax, one pass).
 """
 from __future__ import annotations
 
@@ -22,12 +31,12 @@ from dataclasses import dataclass
 
 import torch
 
+import kernels
 from common.errors import ConfigError
-from kernels.lse import decode_attention_lse, merge_attention, sparse_decode_tokens_lse
+from kernels.lse import merge_attention
 from kernels.window import FAR, window_attention_lse
 from methods.base import Method, register
 from methods.config import MethodConfig, option
-from methods.parts.rope import rotate_half
 from methods.parts.stores import SinkRingStore
 
 _HIDDEN = 1 << 40
@@ -76,6 +85,7 @@ class LMInfinite(Method):
     name = "lm_infinite"
     Config = LMInfiniteConfig
     decode_idempotent = True  # a step writes only its own position (its ring slot, or a sink once)
+    graph_safe = True  # decode: slot, sink angles and length from the device position
 
     @property
     def prefill_chunk(self):
@@ -100,53 +110,49 @@ class LMInfinite(Method):
     def begin(self, step):
         super().begin(step)
         c, a, T, G = self.cfg, step.start, step.length, self.cfg.global_branch
-        dev = step.positions.device
-        self.slots, self.offsets = self.store.slots(a, a + T)
-        if step.phase == "decode":   # write-then-attend: the new token is part of the local branch
-            self.store.mark(self.slots, step.positions[self.offsets])
-        p = self.store.slot_pos
+        pos, S = step.positions, self.store
+        if step.phase == "decode":
+            # From the device position alone (no host int: the step can be captured in a CUDA graph).
+            # Write-then-attend: the new token is part of the local branch.
+            self.slots = S._slot_of(pos)
+            S.mark(self.slots, pos)
+            theta = torch.clamp(pos, max=c.limit)                     # capped distance, kv_len - 1 = pos
+            n_global = torch.clamp(pos - c.local_branch + 1, min=0)  # sinks out of the local branch
+            j = torch.arange(G, device=pos.device)
+            self.sink_pos = torch.where(j < n_global, pos - theta, j)
+            self.new_sink = (pos < G).view(1, 1, -1, 1)              # a short prompt: decode still writes sinks
+            self.sink_slot = torch.clamp(pos, max=max(G - 1, 0))
+            # the ring holds exactly the local branch, every sink is local or global: all filled slots
+            self.lengths = torch.clamp(pos + 1, max=G + c.local_branch).to(torch.int32).expand(self.batch)
+            self.lengths = self.lengths.contiguous()
+            self.offsets = self.k_pos = self.angle = None  # prefill-only: nothing else outlives a step
+            return
+        self.slots, self.offsets = S.slots(a, a + T)
         self.old_sinks = min(a, G)                      # sinks written before this step
         self.new_sinks = max(0, min(G, a + T) - a)      # sinks among the new tokens
-        self.angle = torch.tensor([min(c.limit, a + T - 1)], device=dev)
-        self._cs = None
-        last = a + T - 1
-        if step.phase == "decode":
-            vis = (p >= 0) & (last - p < c.local_branch)
-            slots = torch.nonzero(vis).flatten().to(torch.int32)
-            n = slots.numel()
-            self.local_index = slots.view(1, 1, n).expand(self.batch, self.info.num_kv_heads, n).contiguous()
-            self.local_counts = torch.full((self.batch, self.info.num_kv_heads), n, dtype=torch.int32, device=dev)
-            self.n_global = min(G, max(0, last - c.local_branch + 1))
-            self.attended = n + self.n_global
-        else:
-            self.k_pos = torch.where(p >= 0, p, _HIDDEN)
-            self.store.mark(self.slots, step.positions[self.offsets])
-
-    def _rotate_global(self, q, rope):
-        if self._cs is None:
-            cos, sin = rope.cos_sin(self.angle, q)
-            self._cs = (cos.unsqueeze(1), sin.unsqueeze(1))
-        cos, sin = self._cs
-        return (q * cos + rotate_half(q) * sin).to(q.dtype)
+        self.angle = torch.tensor([min(c.limit, a + T - 1)], device=pos.device)
+        p = S.slot_pos
+        self.k_pos = torch.where(p >= 0, p, _HIDDEN)
+        S.mark(self.slots, pos[self.offsets])
 
     def attend(self, layer, q, k, v, rope):
-        step, c, scale, S = self.step, self.cfg, self.info.scaling, self.store
+        step, c, scale, S, G = self.step, self.cfg, self.info.scaling, self.store, self.cfg.global_branch
         B, Hq, T, D = q.shape
         pos = step.positions
         q_rot, k_rot = rope.apply(q, pos), rope.apply(k, pos)
-        q_glob = self._rotate_global(q, rope)
-        if self.new_sinks:
-            self.sink_raw[layer, :, :, step.start:step.start + self.new_sinks] = k[:, :, :self.new_sinks]
         if step.phase == "decode":
             S.write(layer, self.slots, k_rot, v)
-            out_l, lse_l = sparse_decode_tokens_lse(q_rot[:, :, 0].contiguous(), S.k[layer], S.v[layer],
-                                                    self.local_index, self.local_counts, scale)
-            n = torch.full((B,), self.n_global, dtype=torch.int32, device=q.device)
-            out_g, lse_g = decode_attention_lse(q_glob[:, :, 0].contiguous(), self.sink_raw[layer],
-                                                S.v[layer], n, scale, max_length=self.n_global)
-            out, _ = merge_attention([(out_l, lse_l), (out_g, lse_g)])
-            self.record(layer, self.attended)
+            if G:
+                sk = self.sink_raw[layer]
+                sk.index_copy_(2, self.sink_slot, torch.where(self.new_sink, k, sk.index_select(2, self.sink_slot)))
+                S.k[layer][:, :, :G] = rope.apply(sk[:, :, :G], self.sink_pos)
+            out = kernels.decode_attention(q_rot[:, :, 0].contiguous(), S.k[layer], S.v[layer], self.lengths,
+                                           scale, max_length=S.k.shape[3])
+            self.record(layer, self.lengths)
             return out.view(B, 1, Hq * D)
+        q_glob = rope.apply(q, self.angle)
+        if self.new_sinks:
+            self.sink_raw[layer, :, :, step.start:step.start + self.new_sinks] = k[:, :, :self.new_sinks]
         keys = torch.cat([S.k[layer], k_rot], 2)
         values = torch.cat([S.v[layer], v], 2)
         out_l, lse_l = window_attention_lse(q_rot, keys, values, scale, pos, torch.cat([self.k_pos, pos]),

@@ -5,7 +5,9 @@ Reference eval path (evaluation/quest_attention.py), the default here:
     at absolute positions, so pages are aligned to position 0);
   * a decode step scores each page of `page_size` (16) tokens by the upper bound
     sum_d max(q_d*kmin_d, q_d*kmax_d) in fp32 (no 1/sqrt(d): ranking is unaffected), per QUERY head;
-  * the budget is first clamped to the context (`token_budget = min(kv_seq_len, token_budget)`),
+  * the budget is first clamped to the context (`token_budget = min(kv_seq_len, token_budget)`;
+    the kernel path, `include_current_page=true`, has no clamp: budget 4096 at 134 tokens keeps all
+    9 pages),
     then it keeps the top min(max(min_pages, budget // page_size), n_pages) pages per query head
     (Quest issue #22: the floor of 3 pages, and the clamp, sparsify even when the context fits the
     budget: budget 1024 at 1,000 tokens keeps 62 of 63 pages); the current (partial) page competes
@@ -20,6 +22,7 @@ from dataclasses import dataclass
 import torch
 
 import kernels
+from kernels.quest_pages import quest_select_pages
 from methods.base import Method, register
 from methods.config import ChunkedPrefill, layer_range, option
 from methods.parts import selection
@@ -40,9 +43,15 @@ class QuestConfig(ChunkedPrefill):
     pool: str = option("query_head", "query_head: pages per query head (reference); kv_head: one set per KV head "
                        "from the group's summed bounds (sparse-frontier share_pages)", choices=POOL)
     include_current_page: bool = option(False, "true = kernel path: the current page always attended, "
-                                        "counted in the budget")
-    clamp_budget: bool = option(True, "true = reference: budget = min(context, budget) before the page count "
-                                "(sparsifies contexts shorter than the budget); false = budget as given")
+                                        "counted in the budget, and the budget not clamped to the context")
+    clamp_budget: bool = option(True, "true = reference eval path: budget = min(context, budget) before the page "
+                                "count (sparsifies contexts shorter than the budget; the kernel path, "
+                                "include_current_page, never clamps); false = budget as given")
+
+    @property
+    def clamps(self) -> bool:
+        # the clamp is the eval path's (evaluation/quest_attention.py); the kernel path has none
+        return self.clamp_budget and not self.include_current_page
 
     def check(self, info):
         layer_range("dense_layers", self.dense_layers, info)
@@ -52,7 +61,7 @@ class QuestConfig(ChunkedPrefill):
         return {"budget_unit": per, "granularity": f"pages of {self.page_size} aligned to position 0",
                 "current_page": ("forced, counted in the budget" if self.include_current_page
                                  else "competes, not forced"),
-                "budget_clamped_to_context": self.clamp_budget, "prefill": "dense"}
+                "budget_clamped_to_context": self.clamps, "prefill": "dense"}
 
     @classmethod
     def variants(cls):
@@ -100,8 +109,8 @@ class Quest(Method):
         self.pages_valid = (self.lengths - 1) // c.page_size + 1
         # Pages per sequence on the device (no host sync): the reference clamps the budget to the
         # context first, then applies the floor of min_pages.
-        budget = torch.clamp(self.lengths, max=c.budget) if c.clamp_budget else torch.full_like(self.lengths, c.budget)
-        self.row_budget = torch.clamp(budget // c.page_size, min=c.min_pages)
+        budget = torch.clamp(self.lengths, max=c.budget) if c.clamps else torch.full_like(self.lengths, c.budget)
+        self.row_budget = torch.clamp(budget // c.page_size, min=c.min_pages).to(torch.int32)
 
     def attend(self, layer, q, k, v, rope):
         step, c, scale = self.step, self.cfg, self.info.scaling
@@ -128,9 +137,11 @@ class Quest(Method):
         H = Hq, or Hkv with pool=kv_head. `selected` shows them with -1 past the counts."""
         c = self.cfg
         kmin, kmax = self.bounds.kmin[layer], self.bounds.kmax[layer]
+        if c.pool == "query_head":  # scores + top-k in two kernels on the GPU (kernels/quest_pages.py)
+            return quest_select_pages(q1, kmin, kmax, self.pages_valid, self.page_budget,
+                                      force_last=c.include_current_page, row_budget=self.row_budget)
         scores = kernels.quest_page_scores(q1, kmin, kmax, self.pages_valid)  # [B, Hq, n_pages] fp32
-        if c.pool == "kv_head":
-            scores = selection.group_reduce(scores, self.info.num_kv_heads, "sum")
+        scores = selection.group_reduce(scores, self.info.num_kv_heads, "sum")
         pages, counts = selection.top_pages(scores, self.pages_valid, self.page_budget,
                                             force_last=c.include_current_page, row_budget=self.row_budget)
         return pages, counts

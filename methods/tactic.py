@@ -89,6 +89,8 @@ class TacticConfig(ChunkedPrefill):
     fit_window: int = option(16, "list tokens scored exactly and averaged per fit window", min=1)
     tail: str = option("clip", "the fitted tail's sum: clip (y = a/x + b counted while positive) or literal "
                        "(Algorithm 1's sum of w_i = a/i + b as is, negative past a/-b)", choices=("clip", "literal"))
+    rising_fit: str = option("flat", "a fit that would rise (a < 0; the paper leaves it open): flat = a = 0 at the "
+                             "windows' mean (this harness's choice); fit = as fitted (tail literal)", choices=("flat", "fit"))
     sink: int = option(0, "first tokens always attended and scored exactly (not clustered)", min=0)
     window: int = option(0, "last prefill tokens kept exact, out of the clusters (decoded tokens always are "
                          "until clustered)", min=0)
@@ -108,6 +110,10 @@ class TacticConfig(ChunkedPrefill):
         if self.probe_head is not None and self.probe_head >= info.num_heads:
             raise ConfigError(f"method.probe_head={self.probe_head} is outside [0, {info.num_heads}) for this "
                               f"{info.num_heads}-head model")
+        if self.mode != "topk" and self.target <= 0:
+            raise ConfigError(f"method.target={self.target} asks for no attention mass: give one in (0, 1]")
+        if self.rising_fit == "fit" and self.tail == "clip":
+            raise ConfigError("method.rising_fit=fit needs method.tail=literal (clip sums a falling curve only)")
         if self.fit_lo >= self.fit_hi:
             raise ConfigError(f"method.fit_lo={self.fit_lo} must be below method.fit_hi={self.fit_hi}")
 
@@ -121,26 +127,23 @@ class TacticConfig(ChunkedPrefill):
                 "exact_set": f"{self.sink} sinks + the last {self.window} prefill tokens + every decoded token "
                              f"not yet clustered; always attended, counted in the budget",
                 "fit": (f"exact head {self.exact_head} list tokens; y=a/x+b on exp(q.k/sqrt(d)), x = 1-based list "
-                        f"rank, through the means of {self.fit_window} tokens at {self.fit_lo}/{self.fit_hi} "
-                        f"of the list, tail {self.tail}") if self.mode == "fit" else None,
+                        f"rank, through the means of {self.fit_window} tokens at {self.fit_lo}/{self.fit_hi} of the "
+                        f"list, tail {self.tail}, a rising fit {self.rising_fit}") if self.mode == "fit" else None,
                 "clustering": f"k-means ({self.metric}) after the prefill, {self.cluster_size} tokens per cluster, "
-                              f"<= {self.kmeans_iters} iterations" + (f", again every {self.recluster_every} steps "
-                                                                       f"({self.recluster})" if self.recluster_every
-                                                                       else ", decoded tokens never clustered"),
+                              f"<= {self.kmeans_iters} iterations" + (
+                                  f", again every {self.recluster_every} steps ({self.recluster})"
+                                  if self.recluster_every else ", decoded tokens never clustered"),
                 "dense_layers": self.dense_layers, "prefill": "dense"}
 
     @classmethod
     def variants(cls):
-        small = {"cluster_size": 4, "exact_head": 4, "fit_window": 2}
-        # seed 1 in the 2nd: seed 0 makes two clusters tie exactly in fp32 alone, broken the other way batched
-        return [{**small, "target": 0.7, "tail": "literal"},
-                {**small, "mode": "topk", "budget": 16, "select": "kv_head", "sink": 2, "window": 3, "seed": 1,
-                 "recluster_every": 6},
+        small = {"cluster_size": 4, "exact_head": 4, "fit_window": 2}  # 2nd seed 1: seed 0 ties 2 clusters (fp32)
+        return [{**small, "target": 0.7, "tail": "literal", "rising_fit": "fit"},
+                {**small, "mode": "topk", "budget": 16, "select": "kv_head", "sink": 2, "window": 3, "seed": 1, "recluster_every": 6},
                 {"mode": "oracle_global", "target": 0.8, "select": "kv_head"},
-                {**small, "mode": "oracle_cluster", "target": 0.8, "cluster_size": 5, "recluster": "all",
-                 "recluster_every": 7, "prefill_chunk": 16, "dense_layers": 1},
-                {**small, "target": 0.9, "exact_head": 2, "select": "kv_head", "metric": "cosine",
-                 "diagnostics": True}]
+                {**small, "mode": "oracle_cluster", "target": 0.8, "cluster_size": 5, "recluster": "all", "recluster_every": 7,
+                 "prefill_chunk": 16, "dense_layers": 1},
+                {**small, "target": 0.9, "exact_head": 2, "select": "kv_head", "metric": "cosine", "diagnostics": True}]
 
     def full_equivalent(self, context):
         return {"budget": max(self.budget, context)} if self.mode == "topk" else {"target": 1.0}
@@ -344,7 +347,8 @@ class Tactic(Method):
         head_cum = torch.cat([torch.zeros_like(z_e).unsqueeze(-1), e[..., E:E + nh].cumsum(-1)], -1)
         if self.u is not None:
             w = self.w
-            a, b = fit_curve(self.u[0], e[..., E + nh:E + nh + w].mean(-1), self.u[1], e[..., E + nh + w:].mean(-1))
+            a, b = fit_curve(self.u[0], e[..., E + nh:E + nh + w].mean(-1), self.u[1], e[..., E + nh + w:].mean(-1),
+                             rising=c.rising_fit)
 
         def mass_at(k, rising=True):
             h = head_cum.gather(-1, k.clamp(max=nh).unsqueeze(-1)).squeeze(-1)
@@ -392,6 +396,5 @@ class Tactic(Method):
             diagnose(self, layer, q1, None, index, counts, None)
         return index, counts
 
-    # --- reporting ---------------------------------------------------------------------------------
     def stats(self):
         return report(self, super().stats())

@@ -18,7 +18,7 @@ def poisoned(monkeypatch):
     monkeypatch.setenv("HARNESS_KERNELS", "triton")
     from kernels import hybrid_triton as HT
 
-    nan = lambda *s, device, dtype: torch.full(s, float("nan"), device=device, dtype=dtype)  # noqa: E731
+    nan = lambda *s, device, dtype: torch.full(s, float("nan"), device=device, dtype=dtype)
     monkeypatch.setattr(HT, "_empty", nan)
 
 
@@ -110,7 +110,7 @@ def test_hybrid_plan_balances_work():
 @pytest.mark.parametrize("pool", [1, 4, 32])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_retrieval_scores_match_reference(pool, dtype):
-    q, k, v, lengths, _, _ = case(2, 3, 3, 100, 32, [61, 100], dtype, seed=pool, n_idx=4)
+    q, k, _, lengths, _, _ = case(2, 3, 3, 100, 32, [61, 100], dtype, seed=pool, n_idx=4)
     heads = torch.tensor([2, 0], device=DEV)
     got = H.retrieval_scores(q, k, lengths, heads, max_length=100, block=pool)
     want = H.retrieval_scores_ref(q, k, lengths, heads, 100, pool)
@@ -158,3 +158,26 @@ def test_hybrid_decode_llama3_shape(B, S, n_ret, page):
     for scores in (H.retrieval_scores(q, k, lengths, heads, max_length=S, block=page), fused):
         assert torch.equal(fin, torch.isfinite(scores))
         torch.testing.assert_close(scores[fin], ref[fin], atol=0.5, rtol=2e-2)
+
+
+@pytest.mark.parametrize("T,L,sink,recent,block", [(40, 40, 3, 5, 8), (23, 61, 0, 7, 5), (30, 50, 4, 40, 16),
+                                                   (17, 17, 2, 0, 4)])
+def test_streaming_prefill_reads_only_visible_keys_and_equals_the_full_mask(T, L, sink, recent, block):
+    """DuoAttention's Λ prefill, per block over only the sinks and the block's window span, equals SDPA
+    with the [T, L] mask over every key (the previous implementation) for retrieval and streaming heads."""
+    g = torch.Generator().manual_seed(T * L)
+    B, Hkv, G, D = 2, 3, 2, 16
+    q = torch.randn(B, Hkv * G, T, D, generator=g)
+    k, v = (torch.randn(B, Hkv, L, D, generator=g) for _ in range(2))
+    retrieval = [True, False, False]
+    got = H.streaming_prefill_attention(q, k, v, 0.25, retrieval, sink, recent, block=block)
+    kpos = torch.arange(L)
+    qpos = torch.arange(L - T, L).view(-1, 1)
+    lam = (kpos <= qpos) & ((kpos < sink) | (kpos >= qpos - recent))
+    want = []
+    for h in range(Hkv * G):
+        mask = (kpos <= qpos) if retrieval[h // G] else lam
+        want.append(torch.nn.functional.scaled_dot_product_attention(q[:, h:h + 1], k[:, h // G:h // G + 1],
+                                                                     v[:, h // G:h // G + 1], attn_mask=mask, scale=0.25))
+    want = torch.cat(want, 1).transpose(1, 2).reshape(B, T, -1)
+    assert (got - want).abs().max().item() <= 1e-5

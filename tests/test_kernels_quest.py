@@ -21,7 +21,7 @@ def triton_backend(monkeypatch):
 
 def scratch_bounds(k, lengths, P, n_pages):
     """min/max per page recomputed from the whole cache (what the incremental update must equal)."""
-    B, H, S, D = k.shape
+    B, H, _, D = k.shape
     lo = torch.full((B, H, n_pages, D), float("inf"))
     hi = torch.full((B, H, n_pages, D), float("-inf"))
     for b in range(B):
@@ -149,3 +149,25 @@ def test_page_keep_kernel_equals_reference(K):
         assert got[0].dtype == want[0].dtype == torch.int32
         assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
     assert (want[1][1] == kept[1] - 1).any()  # the budget did drop in some row
+
+
+@pytest.mark.parametrize("force_last", [True, False])
+def test_fused_selection_equals_scores_then_topk(force_last):
+    """quest_select_pages (scores kernel with the forced page, radix top-k with the row budget as a
+    per-sequence k) == quest_page_scores_ref + quest_topk_pages on the torch path: same pages, same
+    counts (distinct scores: ties are the one allowed difference)."""
+    g = torch.Generator().manual_seed(3)
+    B, Hq, Hkv, D, NP, k = 3, 4, 2, 16, 40, 9
+    for trial in range(6):
+        q = torch.randn(B, Hq, D, generator=g)
+        kmin = torch.randn(B, Hkv, NP, D, generator=g)
+        kmax = kmin + torch.rand(B, Hkv, NP, D, generator=g)
+        nv = torch.randint(1, NP + 1, (B,), generator=g).to(torch.int32)
+        row = torch.clamp(torch.minimum(nv - torch.randint(0, 2, (B,), generator=g), torch.tensor(k)), min=1)
+        row = row.to(torch.int32) if trial % 2 else None
+        got_i, got_c = Qm.quest_select_pages(q, kmin, kmax, nv, k, force_last=force_last, row_budget=row)
+        want_i, want_c = Qm.quest_topk_pages(Qm.quest_page_scores_ref(q, kmin, kmax, nv), k, nv,
+                                             force_last=force_last, row_budget=row)
+        assert torch.equal(got_c, want_c), trial
+        live = torch.arange(got_i.shape[-1]) < got_c.unsqueeze(-1)
+        assert torch.equal(torch.where(live, got_i, -1), torch.where(live, want_i, -1)), trial

@@ -104,3 +104,19 @@ def test_long_rows_go_to_torch_topk(monkeypatch):
     assert calls == [300]  # the long row only, and not with impl="radix"
     with pytest.raises(ValueError):
         T.topk_positions(s, lengths, 40, impl="fast")
+
+
+@pytest.mark.parametrize("ties", [False, True])
+def test_topk_kernel_row_k_matches_reference(monkeypatch, ties):
+    """A per-sequence k (row_k <= k, Quest's clamped budget): the kernel == the reference, whose
+    top-row_k is the first row_k of its stable descending order."""
+    monkeypatch.setenv("HARNESS_KERNELS", "triton")
+    s, lengths = scores_for(3, 2, 200, [200, 90, 150], seed=11, ties=ties, forced=(0, 2))
+    row_k = torch.tensor([30, 7, 1], dtype=torch.int32)
+    idx, cnt = T.topk_positions(s, lengths, 30, row_k=row_k)
+    ridx, rcnt = T.topk_positions_ref(s, lengths, 30, row_k)
+    assert torch.equal(cnt, rcnt) and torch.equal(idx, ridx)
+    assert cnt[:, 0].tolist() == [30, 7, 1]
+    for b in range(3):  # the first row_k of the plain top-k
+        full_i, _ = T.topk_positions_ref(s[b:b + 1], lengths[b:b + 1], int(row_k[b]))
+        assert torch.equal(idx[b, :, :int(row_k[b])], full_i[0])

@@ -101,3 +101,21 @@ def test_budget_clamped_to_context_as_the_reference(clamp, pages):
     assert counts.max().item() == pages and counts.min().item() == pages
     per_head = method.stats()["attended_per_head"][1]  # 1000 tokens = 62 full pages + one of 8
     assert all(x in (984, 992) for x in per_head) if clamp else all(x == 1000 for x in per_head)
+
+
+@pytest.mark.parametrize("kernel_path,pages", [(True, 9), (False, 8)])
+def test_kernel_path_keeps_every_page_of_a_short_context(kernel_path, pages):
+    """`include_current_page: true` is the reference's kernel path (mit-han-lab/Quest, quest/models/
+    QuestAttention.py: `token_budget` pages of the whole cache, no clamp to the context): at 134 tokens
+    and budget 4096 it keeps all 9 pages (8 full + the current one), as that kernel does, with the
+    YAML's `clamp_budget: true` left as it is. The eval path clamps the budget to the context
+    (134 // 16 = 8 pages)."""
+    model = tiny("llama")
+    method, info = make({"name": "quest", "budget": 4096, "include_current_page": kernel_path, "dense_layers": 1},
+                        model)
+    d = Driver(method, info, rope_for(model), max_len=140, batch=1)
+    d.step(133, "prefill")
+    d.step(1, "decode")
+    counts = (method.selected[1] >= 0).sum(-1)
+    assert counts.min().item() == counts.max().item() == pages
+    assert method.cfg.clamp_budget is True and method.cfg.describe()["budget_clamped_to_context"] is not kernel_path

@@ -26,7 +26,7 @@ def test_literal_tail_budget_is_algorithm_1_as_written(seed):
     head_cum = torch.cat([torch.zeros(1), head.cumsum(0)])
     ks = {}
     for tail in ("literal", "clip"):
-        def mass_at(k, rising=True):
+        def mass_at(k, rising=True, tail=tail):
             return head_cum[k.clamp(max=N)] + tail_mass(torch.tensor([a]), torch.tensor([b]), N, k, harm, tail, rising)
         total = mass_at(torch.tensor([n]), rising=False)
         ks[tail] = int(min_count(mass_at, T * total, n))
@@ -45,6 +45,8 @@ def test_tail_sum_fit_and_bisection_match_explicit_sums():
     assert torch.allclose(a * 0.5 + b, torch.tensor([3.0])) and torch.allclose(a * 0.1 + b, torch.tensor([1.0]))
     a, b = fit_curve(0.5, torch.tensor([1.0]), 0.1, torch.tensor([3.0]))   # rising: flat fallback
     assert float(a) == 0 and float(b) == 2.0
+    a, b = fit_curve(0.5, torch.tensor([1.0]), 0.1, torch.tensor([3.0]), rising="fit")   # rising_fit=fit: as fitted
+    assert float(a) == -5.0 and torch.allclose(a * 0.1 + b, torch.tensor([3.0]))
     for _ in range(50):            # literal: a/x + b as is (negative past a/-b); `rising` cuts at a/-b
         a, b = float(torch.rand(1, generator=g)) * 5, -float(torch.rand(1, generator=g)) * 0.05
         lo, hi = int(torch.randint(0, 50, (1,), generator=g)), int(torch.randint(100, 500, (1,), generator=g))
@@ -152,3 +154,21 @@ def test_initial_keys_drawn_on_threads_are_the_serial_draws():
         assert (made, ran[layer - 1]) == b.add(layer, keys[layer], 0, 0, 0, 8, 4, "dot", seed)
     for name in ("cent", "csize", "cstart", "order"):   # what add wrote (cent is allocated uninitialised)
         assert torch.equal(getattr(a, name)[1:, ..., :made], getattr(b, name)[1:, ..., :made]), name
+
+
+@pytest.mark.parametrize("over,words", [({"target": 0.0}, "method.target=0.0 asks for no attention mass"),
+                                        ({"rising_fit": "fit"}, "method.rising_fit=fit needs method.tail=literal")])
+def test_config_refuses_a_zero_target_and_a_clipped_rising_fit(over, words):
+    """`method=tactic method.target=0` attended only the exact set (~55 tokens) without a word (issue
+    38): refused in one line, as a rising fit summed by the clipped tail (which assumes a falling curve)."""
+    from omegaconf import OmegaConf
+    from tiny_models import tiny
+
+    from common.errors import ConfigError
+    from methods import ModelInfo, build
+
+    info = ModelInfo.from_hf_config(tiny("llama").config)
+    with pytest.raises(ConfigError, match=words):
+        build(OmegaConf.create({"name": "tactic", **over}), info)
+    build(OmegaConf.create({"name": "tactic", "mode": "topk", "target": 0.0}), info)   # topk reads no target
+    build(OmegaConf.create({"name": "tactic", "rising_fit": "fit", "tail": "literal"}), info)

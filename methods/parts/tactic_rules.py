@@ -25,15 +25,19 @@ def rows_gather_vec(src: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
 
 # --- the curve fit (Algorithm 1) -------------------------------------------------------------------
 
-def fit_curve(u1: float, mu1: torch.Tensor, u2: float, mu2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def fit_curve(u1: float, mu1: torch.Tensor, u2: float, mu2: torch.Tensor,
+              rising: str = "flat") -> tuple[torch.Tensor, torch.Tensor]:
     """(a, b) of y = a/x + b through two window means: mu_j = mean of exp-scores over window j of the
     list, u_j = mean of 1/x over the same ranks (x = rank + 1), so mu_j = a*u_j + b holds exactly for
-    the curve. A rising fit (a < 0: the far window is heavier, noise of an unsorted cluster interior)
-    or coinciding windows fall back to a flat tail a = 0, b = mean of the two."""
+    the curve. Coinciding windows give a flat tail a = 0, b = mean of the two. A rising fit (a < 0: the
+    far window is heavier, noise of an unsorted cluster interior) does too with rising="flat" (the
+    config's `rising_fit`, default; the paper leaves the case open); rising="fit" keeps it as fitted."""
     du = u1 - u2
     if du <= 0:
         return torch.zeros_like(mu1), (mu1 + mu2) / 2
     a = (mu1 - mu2) / du
+    if rising == "fit":
+        return a, mu1 - a * u1
     flat = a <= 0
     b = torch.where(flat, (mu1 + mu2) / 2, mu1 - a * u1)
     return torch.where(flat, torch.zeros_like(a), a), b
