@@ -45,7 +45,7 @@ class Generation:
 
 
 class Engine:
-    def __init__(self, model, method: Method, use_graphs: bool = True, use_fused: bool = True):
+    def __init__(self, model, method: Method, use_graphs: bool = True, use_fused: bool = True, placement=None):
         cfg = model.config
         if cfg.model_type not in SUPPORTED:
             raise ConfigError(f"model family {cfg.model_type!r} is not supported by the engine; "
@@ -71,6 +71,20 @@ class Engine:
         # Decode steps of graph-safe methods run as one captured CUDA graph (no launch overhead).
         self.graphs = DecodeGraph(self) if (self.device.type == "cuda" and use_graphs and method.graph_safe) else None
         self.history: torch.Tensor | None = None
+        if placement is not None and len(placement) > 1:
+            self._split(placement)
+
+    def _split(self, placement) -> None:
+        """Layers over several GPUs (runners/pipeline.py): the method becomes one instance per segment
+        behind a proxy, the layer loop goes segment by segment. Decode runs eagerly for now (no
+        CUDA graph across GPUs). The one-GPU path is left exactly as it is."""
+        from runners.pipeline import Pipeline, PipelineMethod
+
+        self.pipeline = Pipeline(self, placement, self.method)
+        self.method = PipelineMethod(self.pipeline)
+        self.layers = lambda ids, phase, start, positions, graphed=False: self.pipeline.layers(
+            self, ids, phase, start, positions, graphed)
+        self.graphs = None
 
     # --- sequence life cycle -----------------------------------------------------------------
     def reset(self, batch: int, max_len: int) -> None:
