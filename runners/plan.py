@@ -4,7 +4,7 @@ Numbers come from what the run will really allocate, not from a table: the model
 layer from the HF model built on the `meta` device (its real shapes, no memory), the method's own
 storage from its `setup` on the `meta` device at the run's batch and length (exactly the tensors
 it declares in `buffers()`), and each GPU's free memory. The split is contiguous layers per GPU
-(pipeline order: GPU 0 holds the embedding, the last GPU the final norm and the head), balanced so
+(pipeline order; GPU 0 also holds the embedding, the final norm and the head: the engine samples there), balanced so
 that every GPU is filled to the same fraction of what it can hold.
 
 `split` and `advice` are pure functions over numbers (unit-tested with fake GPU inventories);
@@ -38,7 +38,7 @@ class Footprint:
 
     layers: tuple[int, ...]
     embed: int            # first GPU: input embedding
-    head: int             # last GPU: final norm + lm_head (+ the logits)
+    head: int             # first GPU too: final norm + lm_head (+ the logits)
     shared: int           # every GPU: method state not stacked by layer (each segment holds its own)
     activations: int      # every GPU: workspace of the largest step (a prefill chunk)
     weights: int          # totals, for the message
@@ -67,9 +67,8 @@ def _fill(fp: Footprint, gpus: list[Gpu], ratio: float) -> list[tuple[int, int, 
     """Contiguous layers per GPU, each GPU filled up to `ratio` of its usable memory (None: they do not all fit)."""
     segs, i, n = [], 0, len(fp.layers)
     for k, g in enumerate(gpus):
-        last = k == len(gpus) - 1
         cap = ratio * _usable(g)
-        used = fp.shared + fp.activations + (fp.embed if k == 0 else 0) + (fp.head if last else 0)
+        used = fp.shared + fp.activations + (fp.embed + fp.head if k == 0 else 0)
         start = i
         while i < n and used + fp.layers[i] <= cap:
             used += fp.layers[i]
