@@ -108,6 +108,7 @@ class Segment:
     method: object
     rope: object
     owned: frozenset = frozenset()
+    streams: list = dataclasses.field(default_factory=list)
 
 
 class Pipeline:
@@ -135,6 +136,7 @@ class Pipeline:
             with self._ctx(seg), _Windowed(self.info.num_layers, seg.first, seg.end):
                 seg.method.setup(self.info, batch, max_len, seg.device, dtype)
             seg.owned = frozenset(_owned(seg.method))
+            seg.streams = [v for v in vars(seg.method).values() if isinstance(v, torch.cuda.Stream)]
             for name in SHARED:
                 shared.setdefault(name, getattr(seg.method, name, {}))
                 setattr(seg.method, name, shared[name])
@@ -149,6 +151,8 @@ class Pipeline:
         if k == self.at:
             return
         src, dst = self.segments[self.at].method, self.segments[k]
+        for st in self.segments[self.at].streams:   # a method's side streams (Lychee's selection) finish first
+            torch.cuda.current_stream(self.segments[self.at].device).wait_stream(st)
         # a declared buffer not stacked by layer is the whole model's state (LycheeDecode's step sets,
         # a slot table): it follows the hidden state too, into the next instance's own buffer
         same = {}
@@ -228,7 +232,8 @@ def _owned(method) -> set[str]:
 
     for name, value in vars(method).items():
         items = value.values() if isinstance(value, dict) else value if isinstance(value, (list, tuple)) else ()
-        if mine(value) or hasattr(value, "buffers") or any(mine(v) for v in items):
+        if mine(value) or hasattr(value, "buffers") or any(mine(v) for v in items) \
+                or isinstance(value, (torch.cuda.Stream, torch.cuda.Event)):   # per device, never handed on
             out.add(name)
     return out
 

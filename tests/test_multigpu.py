@@ -89,3 +89,22 @@ def test_split_over_two_gpus_equals_one_gpu(name):
     got = run(two, cfg_of(name), segments(["cuda:0", "cuda:1"]), ids, 24, 6)
     torch.testing.assert_close(got[0], ref[0], rtol=2e-2, atol=2e-2)
     assert got[1] == ref[1]
+
+
+def test_random_weights_load_split_from_meta():
+    """weights=random over segments: built on meta, each module materialized where it belongs (on the
+    CPU here), the rotary module rebuilt for real; the engine decodes finite logits through it."""
+    from runners import models
+
+    mcfg = OmegaConf.load("conf/model/smollm2.yaml")
+    mcfg.weights = "random"
+    mcfg.arch.num_hidden_layers = 4
+    placement = [("cpu", 0, 2), ("cpu", 2, 4)]
+    model, _ = models.load(mcfg, torch.device("cpu"), torch.float32, tokenizer=object(), placement=placement)
+    assert not any(p.is_meta for p in model.parameters())
+    assert model.lm_head.weight is model.model.embed_tokens.weight          # tied, as the config says
+    assert torch.isfinite(model.model.rotary_emb.inv_freq).all()
+    eng = Engine(model, build(OmegaConf.create({"name": "full"}), ModelInfo.from_hf_config(model.config)),
+                 placement=placement)
+    out = eng.generate(torch.randint(0, 100, (1, 12)), max_new_tokens=4)
+    assert len(out.tokens[0]) == 4
