@@ -146,8 +146,9 @@ class Pipeline:
         for seg in self.segments:
             seg.method.release()
 
-    def goto(self, k: int) -> None:
-        """Hand the method's step state to segment k's instance (from the one holding it)."""
+    def goto(self, k: int, log: list | None = None) -> None:
+        """Hand the method's step state to segment k's instance (from the one holding it). `log`
+        collects the (source, destination) tensor copies made, which a captured decode replays."""
         if k == self.at:
             return
         src, dst = self.segments[self.at].method, self.segments[k]
@@ -161,10 +162,12 @@ class Pipeline:
             if t is not None and not _stacked(t, self.info.num_layers) and theirs.get(name) is not None:
                 theirs[name].copy_(t, non_blocking=True)
                 same[id(t)] = theirs[name]
+                if log is not None:
+                    log.append((t, theirs[name]))
         for name, value in vars(src).items():
             if name in src_owned(self, self.at) or name in dst.owned or name in KEEP or name in SHARED:
                 continue
-            setattr(dst.method, name, _move(value, dst.device, same))
+            setattr(dst.method, name, _move(value, dst.device, same, log))
         self.at = k
 
     def before_decode(self, seq_len: int) -> None:
@@ -178,36 +181,44 @@ class Pipeline:
 
     def layers(self, engine, ids, phase, start, positions, graphed=False):
         """The engine's layer loop, segment by segment: the hidden state moves once per boundary."""
-        ops, n = engine.ops, engine.n_layers
-        T = ids.shape[1]
         self.goto(0)
+        h, mlp = self.first(engine, ids, phase, start, positions, graphed)
+        for k in range(len(self.segments)):
+            self.goto(k)
+            h, mlp = self.segment(engine, k, h, mlp)
+        return h.to(self.segments[0].device, non_blocking=True)   # the final norm and the head sit with the embedding
+
+    def first(self, engine, ids, phase, start, positions, graphed=False):
+        """The step's start on the first GPU: the method's begin, the history, the embedding."""
         first = self.segments[0]
         with self._ctx(first):
             first.rope.new_step()
-            first.method.begin(Step(phase=phase, start=start, length=T, positions=positions, graphed=graphed))
+            first.method.begin(Step(phase=phase, start=start, length=ids.shape[1], positions=positions, graphed=graphed))
             engine.history.index_copy_(1, positions, ids)
-            h = engine.embed(ids)
-        mlp = None
-        for k, seg in enumerate(self.segments):
-            self.goto(k)
-            m = seg.method
-            with self._ctx(seg):
-                if k == 0:
-                    x = ops.norm_in(0, h)
-                else:   # the boundary: the residual and the last MLP output move; the add+norm runs here,
-                    seg.rope.new_step()           # as the one-GPU loop runs it (same kernel, same bits)
-                    h, mlp = h.to(seg.device, non_blocking=True), mlp.to(seg.device, non_blocking=True)
-                    x, h = ops.add_norm(seg.first, mlp, h, post=False)
-                for i in range(seg.first, seg.end):
-                    q, k_, v = ops.qkv(i, x)
-                    a = ops.o_proj(i, m.attend(i, q, k_, v, seg.rope))
-                    x, h = ops.add_norm(i, a, h, post=True)
-                    mlp = ops.mlp(i, x)
-                    if i + 1 < seg.end:
-                        x, h = ops.add_norm(i + 1, mlp, h, post=False)
-                    elif i + 1 == n:
-                        h = h + mlp
-        return h.to(first.device, non_blocking=True)   # the final norm and the head sit with the embedding
+            return engine.embed(ids), None
+
+    def segment(self, engine, k, h, mlp):
+        """Segment k's layers (its instance must hold the step state: goto(k)); `h`, `mlp`: the residual
+        and the last MLP output of the segment before (mlp None for the first)."""
+        ops, n, seg = engine.ops, engine.n_layers, self.segments[k]
+        m = seg.method
+        with self._ctx(seg):
+            if k == 0:
+                x = ops.norm_in(0, h)
+            else:   # the boundary: the residual and the last MLP output move; the add+norm runs here,
+                seg.rope.new_step()           # as the one-GPU loop runs it (same kernel, same bits)
+                h, mlp = h.to(seg.device, non_blocking=True), mlp.to(seg.device, non_blocking=True)
+                x, h = ops.add_norm(seg.first, mlp, h, post=False)
+            for i in range(seg.first, seg.end):
+                q, k_, v = ops.qkv(i, x)
+                a = ops.o_proj(i, m.attend(i, q, k_, v, seg.rope))
+                x, h = ops.add_norm(i, a, h, post=True)
+                mlp = ops.mlp(i, x)
+                if i + 1 < seg.end:
+                    x, h = ops.add_norm(i + 1, mlp, h, post=False)
+                elif i + 1 == n:
+                    h = h + mlp
+        return h, mlp
 
     def stats(self) -> dict:
         return self.segments[self.at].method.stats()
@@ -238,7 +249,7 @@ def _owned(method) -> set[str]:
     return out
 
 
-def _move(value, device, same=None):
+def _move(value, device, same=None, log=None):
     """`value` with its tensors on `device` (containers rebuilt only when something moved); a
     tensor that is one of the source's shared buffers becomes the destination's (`same`)."""
     same = same or {}
@@ -250,14 +261,17 @@ def _move(value, device, same=None):
         if value.numel() * value.element_size() > MAX_HANDOFF:
             raise RuntimeError(f"a method's per-step tensor of {value.numel() * value.element_size() >> 20} MiB "
                                f"would cross GPUs every step: storage must be declared in buffers()")
-        return value.to(device, non_blocking=True)
+        moved = value.to(device, non_blocking=True)
+        if log is not None:
+            log.append((value, moved))
+        return moved
     if isinstance(value, Step):
-        return dataclasses.replace(value, positions=_move(value.positions, device, same))
+        return dataclasses.replace(value, positions=_move(value.positions, device, same, log))
     if isinstance(value, dict):
-        new = {k: _move(v, device, same) for k, v in value.items()}
+        new = {k: _move(v, device, same, log) for k, v in value.items()}
         return value if all(new[k] is value[k] for k in value) else type(value)(new) if type(value) is dict else new
     if isinstance(value, (list, tuple)):
-        new = [_move(v, device, same) for v in value]
+        new = [_move(v, device, same, log) for v in value]
         if all(a is b for a, b in zip(new, value)):
             return value
         return type(value)(new) if isinstance(value, list) or type(value) is tuple else type(value)(*new)
