@@ -171,6 +171,10 @@ class Pipeline:
         self.at = k
 
     def before_decode(self, seq_len: int) -> None:
+        from methods.base import Method
+
+        if type(self.segments[0].method).before_decode is Method.before_decode:
+            return   # the method has no such hook: no hand-off around the GPUs before every step
         for k, seg in enumerate(self.segments):
             self.goto(k)
             with self._ctx(seg):
