@@ -279,7 +279,7 @@ def for_run(cfg, device: torch.device, dtype, batch: int, length: int):
     devices = cfg.runner.get("devices", 1)
     devices = "auto" if devices == "auto" else int(devices if devices is not None else 1)
     if device.type != "cuda":
-        if devices != 1:
+        if devices not in (1, "auto"):
             raise ConfigError(f"runner.devices={devices} needs CUDA GPUs (this run is on {device.type})")
         return None
     info = model_info(cfg.model)

@@ -104,3 +104,30 @@ def test_state_bytes_counts_declared_buffers_per_layer():
     per_layer, shared = P.state_bytes(build(OmegaConf.create({"name": "quest"}), info), info, 2, 1024, torch.bfloat16)
     kv = 2 * 2 * info.num_kv_heads * 1024 * info.head_dim * 2
     assert len(per_layer) == info.num_layers and per_layer[0] > kv and shared == 0
+
+
+def _run_cfg(*overrides):
+    from hydra import compose, initialize_config_dir
+
+    from runners.cli import CONF_DIR
+
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
+        return compose("config", overrides=list(overrides))
+
+
+def test_the_run_refuses_before_loading_and_places_what_fits(monkeypatch, capsys):
+    """runners.run calls plan.for_run before models.load: a fake inventory of 80 GB GPUs."""
+    monkeypatch.setattr(P, "inventory", lambda: gpus(2))
+    cuda = torch.device("cuda")
+    cfg = _run_cfg("model=llama3", "method=full", "method.prefill_chunk=16384", "runner.devices=1")
+    with pytest.raises(ConfigError, match=r"^plan: llama3, full, batch 1 x 1048576 tokens needs .*runner.devices=2"):
+        P.for_run(cfg, cuda, torch.bfloat16, 1, 1048576)
+    cfg = _run_cfg("model=llama3", "method=full", "method.prefill_chunk=16384", "runner.devices=auto")
+    assert P.for_run(cfg, cuda, torch.bfloat16, 1, 1048576) == [("cuda:0", 0, 16), ("cuda:1", 16, 32)]
+    assert capsys.readouterr().err.startswith("plan: fits on 2 x")
+    cfg = _run_cfg("model=llama3_70b", "method=tidal")                      # runner.devices follows model.gpus: 4
+    with pytest.raises(ConfigError, match="runner.devices=4 but this machine has 2 GPU"):
+        P.for_run(cfg, cuda, torch.bfloat16, 1, 10000)
+    assert P.for_run(_run_cfg("model=smollm2"), torch.device("cpu"), torch.float32, 1, 4096) is None
+    with pytest.raises(ConfigError, match="needs CUDA"):
+        P.for_run(_run_cfg("model=smollm2", "runner.devices=2"), torch.device("cpu"), torch.float32, 1, 4096)
