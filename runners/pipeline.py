@@ -222,6 +222,8 @@ class Pipeline:
                     x, h = ops.add_norm(i + 1, mlp, h, post=False)
                 elif i + 1 == n:
                     h = h + mlp
+            for st in seg.streams:   # a side stream's work (Lychee's selection) joins before the hand-off:
+                torch.cuda.current_stream().wait_stream(st)   # inside a capture, an unjoined fork is an error
         return h, mlp
 
     def stats(self) -> dict:
