@@ -99,7 +99,10 @@ def main(argv=None):
     t0 = time.time()
     model, _ = models.load(mcfg, torch.device(placement[0][0]), dtype, placement=placement if n > 1 else None)
     load_s = time.time() - t0
-    bw = {g: copy_bandwidth(torch.device(f"cuda:{g}"), Clock(torch.device(f"cuda:{g}"))) for g, *_ in p.segments}
+    bw = {}
+    for g, *_ in p.segments:   # each GPU's own copy rate (its events and streams: that GPU current)
+        with torch.cuda.device(g):
+            bw[g] = copy_bandwidth(torch.device(f"cuda:{g}"), Clock(torch.device(f"cuda:{g}")))
     weights_on = {g: 0 for g, *_ in p.segments}
     for dev, a, b in placement:
         g = int(dev.split(":")[1])
