@@ -10,7 +10,7 @@ The floor is a pipeline's: the GPUs run one after the other, so it is the sum ov
 of weights and KV rows that GPU reads in a step) / (the copy bandwidth measured on that GPU).
 
     python -m bench.multigpu --model llama3 --contexts 524288 1048576 --methods full --devices 2 --out results/bench/multigpu_llama3_h100x2.json
-    python -m bench.multigpu --model llama3_70b --contexts 32768 102400 --methods full tidal quest --devices 4 --out results/bench/multigpu_70b_h100x4.json
+    python -m bench.multigpu --model llama3_70b --contexts 32768 102400 --methods full tidal quest --budget 512 --devices 4 --out results/bench/multigpu_llama3_70b_h100x4.json
 """
 from __future__ import annotations
 

@@ -12,9 +12,9 @@ case ${1:-tests} in
   tests) python3 -m pytest -q -p no:cacheprovider -m multigpu tests/test_multigpu.py 2>&1 | tail -40 | tee "$out/multigpu_tests.log" ;;
   x2)    python3 -m bench.multigpu --model llama3 --contexts 524288 1048576 --methods full --devices 2 \
            --out "$out/multigpu_llama3_h100x2.json" 2>&1 | tee "$out/multigpu_x2.log"
-         python3 -m bench.multigpu --model llama3_70b --contexts 32768 --methods full tidal quest --devices 2 \
+         python3 -m bench.multigpu --model llama3_70b --contexts 32768 --methods full tidal quest --budget 512 --devices 2 \
            --out "$out/multigpu_llama3_70b_h100x2.json" 2>&1 | tee -a "$out/multigpu_x2.log" ;;
-  x4)    python3 -m bench.multigpu --model llama3_70b --contexts 32768 102400 --methods full tidal quest --devices 4 \
+  x4)    python3 -m bench.multigpu --model llama3_70b --contexts 32768 102400 --methods full tidal quest --budget 512 --devices 4 \
            --out "$out/multigpu_llama3_70b_h100x4.json" 2>&1 | tee "$out/multigpu_x4.log"
          for n in 2 4; do python3 -m bench.multigpu --model llama3 --contexts 524288 1048576 --methods full --devices $n \
            --out "$out/multigpu_llama3_h100x$n.json" 2>&1 | tee -a "$out/multigpu_x4.log"; done ;;
