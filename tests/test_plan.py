@@ -41,11 +41,12 @@ def test_70b_refused_on_one_80gb_gpu_in_one_line_with_the_gpus_it_needs():
         raise ConfigError(p.line)
 
 
-def test_70b_fits_on_four_and_splits_the_80_layers_evenly():
+def test_70b_fits_on_four_and_splits_the_80_layers_about_evenly():
     fp, slope = fp_of("llama3_70b", "full", 131072, prefill_chunk=8192)
     p = P.plan(fp, gpus(4), 4, 1, 131072, slope)
     assert p.fits, p.line
-    assert [s[2] - s[1] for s in p.segments] == [20, 20, 20, 20]
+    sizes = [s[2] - s[1] for s in p.segments]
+    assert sum(sizes) == 80 and max(sizes) - min(sizes) <= 2       # GPU 0 also holds the embedding and head
     assert [s[0] for s in p.segments] == [0, 1, 2, 3]
     assert p.segments[0][1] == 0 and p.segments[-1][2] == 80
 
