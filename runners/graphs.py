@@ -92,6 +92,14 @@ class PipelineGraphs:
                     graph.replay()
         return self.logits.clone()
 
+    def _stream(self, device) -> torch.cuda.Stream:
+        """A capture stream of `device` (torch.cuda.graph's default one is made once, on whichever GPU
+        was current then: a capture for another GPU on it records nothing)."""
+        streams = self.__dict__.setdefault("streams", {})
+        if device not in streams:
+            streams[device] = torch.cuda.Stream(device=device)
+        return streams[device]
+
     def _capture(self, eng, token, key) -> None:
         p = eng.pipeline
         self.stages, self.graph = [], None
@@ -111,7 +119,7 @@ class PipelineGraphs:
         p.goto(0)
         log, first = [], p.segments[0].device
         g = torch.cuda.CUDAGraph()
-        with torch.cuda.device(first), torch.cuda.graph(g):
+        with torch.cuda.device(first), torch.cuda.graph(g, stream=self._stream(first)):
             h, mlp = p.first(eng, ids, "decode", eng.seq_len, self.pos, graphed=True)
             h, mlp = p.segment(eng, 0, h, mlp)
         self.stages.append((first, g, log))
@@ -122,12 +130,12 @@ class PipelineGraphs:
             h_in, mlp_in = h.to(dev), mlp.to(dev)         # static inputs of this segment's graph
             log += [(h, h_in), (mlp, mlp_in)]
             g = torch.cuda.CUDAGraph()
-            with torch.cuda.device(dev), torch.cuda.graph(g):
+            with torch.cuda.device(dev), torch.cuda.graph(g, stream=self._stream(dev)):
                 h, mlp = p.segment(eng, k, h_in, mlp_in)
             self.stages.append((dev, g, log))
         h_head = h.to(first)
         g = torch.cuda.CUDAGraph()
-        with torch.cuda.device(first), torch.cuda.graph(g):
+        with torch.cuda.device(first), torch.cuda.graph(g, stream=self._stream(first)):
             self.logits = eng.lm_head(eng.norm(h_head[:, -1])).float()
         self.stages.append((first, g, [(h, h_head)]))
         back = []
