@@ -273,6 +273,11 @@ def _move(value, device, same=None, log=None):
         return moved
     if isinstance(value, Step):
         return dataclasses.replace(value, positions=_move(value.positions, device, same, log))
+    if isinstance(value, dict) and all(isinstance(k, int) for k in value):
+        # a record per layer (Quest's page sets, TidalDecode's selections: read off the step, for stats):
+        # one dict for all segments, each entry left on its layer's GPU. Moving it copied every earlier
+        # layer's entry at every boundary: Quest on 2 GPUs took 10.96 ms/token against 8.60 on one
+        return value
     if isinstance(value, dict):
         new = {k: _move(v, device, same, log) for k, v in value.items()}
         return value if all(new[k] is value[k] for k in value) else type(value)(new) if type(value) is dict else new

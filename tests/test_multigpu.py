@@ -108,3 +108,15 @@ def test_random_weights_load_split_from_meta():
                  placement=placement)
     out = eng.generate(torch.randint(0, 100, (1, 12)), max_new_tokens=4)
     assert len(out.tokens[0]) == 4
+
+
+def test_per_layer_records_are_shared_not_copied_at_each_boundary():
+    """A dict keyed by layer (Quest's page sets) is one object for every segment: its entries stay on
+    their layer's device instead of crossing every later boundary (measured: +27% Quest decode on 2 GPUs)."""
+    from runners.pipeline import _move
+
+    record = {0: (torch.zeros(2),), 3: (torch.ones(2),)}
+    log = []
+    assert _move(record, torch.device("meta"), None, log) is record and not log
+    moved = _move({"a": torch.zeros(2)}, torch.device("meta"), None, log)
+    assert moved["a"].is_meta and len(log) == 1
