@@ -22,6 +22,8 @@ ENGINE_CODE = ("bench/engine.py", "runners/engine.py", "runners/graphs.py", "run
 TACTIC_CODE = ENGINE_CODE + ("bench/tactic.py", "methods/tactic.py", "methods/parts/tactic_rules.py",
                              "kernels/tactic_select.py", "methods/parts/cluster_keys.py", "kernels/kmeans.py", "methods/quest.py",
                              "methods/tidal.py")
+MULTIGPU_CODE = ENGINE_CODE + ("bench/multigpu.py", "runners/pipeline.py", "runners/placement.py", "runners/plan.py",
+                               "methods/tidal.py", "methods/quest.py")
 # Benchmark files that no catalogue item renders but the README or an issue's bar quotes (engine vs HF
 # StaticCache; bounded-cache decode at 1M vs full at the cache size; Tactic's clustering cost and decode).
 HARNESS_FILES = [
@@ -38,6 +40,16 @@ HARNESS_FILES = [
               TACTIC_CODE),
     BenchFile("engine_llama3_h100.json", "python -m bench.engine --model llama3 --weights random --lengths 8192 "
               "32768 131072 --steps 32 --repeat 2", ENGINE_CODE),
+    # issue 35: decode of a model split over the GPUs of one host beside the pipeline floor
+    *[BenchFile(name, f"python -m bench.multigpu {args}", MULTIGPU_CODE) for name, args in (
+        ("multigpu_llama3_70b_h200x4.json", ("--model llama3_70b --contexts 32768 102400 --methods full tidal quest "
+                                            "--budget 512 --devices 4")),
+        ("multigpu_llama3_1m_h200x2.json", "--model llama3 --contexts 524288 1048576 --methods full --devices 2"),
+        ("multigpu_llama3_1m_h200x4.json", "--model llama3 --contexts 524288 1048576 --methods full --devices 4"),
+        ("multigpu_llama3_256k_h200x1.json", ("--model llama3 --contexts 262144 --methods full tidal quest --budget 512 "
+                                             "--devices 1")),
+        ("multigpu_llama3_256k_h200x2.json", ("--model llama3 --contexts 262144 --methods full tidal quest --budget 512 "
+                                             "--devices 2")))],
     BenchFile("engine_smollm2_cpu.json", "python -m bench.engine --lengths 4096 --steps 16 --repeat 1", ENGINE_CODE,
               gpu=False),
 ]

@@ -60,11 +60,37 @@ def plan(sweeps: list[list[str]], extra: list[str], cells: list[Cell]) -> list[l
     return out
 
 
+def model_gpus(model: str) -> int:
+    """The GPUs a model's config states it needs (`gpus:` in conf/model/<model>.yaml; 1 when unset)."""
+    from omegaconf import OmegaConf
+
+    path = ROOT / "conf" / "model" / f"{model}.yaml"
+    return int(OmegaConf.load(path).get("gpus") or 1) if path.exists() else 1
+
+
+def by_gpus(multiruns: list[list[str]]) -> list[list[str]]:
+    """A multirun sweeping models of different GPU needs becomes one multirun per need: one Slurm
+    array asks for one gpus_per_node (conf/hydra/launcher/slurm.yaml reads it from model.gpus)."""
+    out = []
+    for overrides in multiruns:
+        i = next((j for j, o in enumerate(overrides) if _split(o)[0] == "model"), None)
+        models = _split(overrides[i])[1].split(",") if i is not None else []
+        groups: dict[int, list[str]] = defaultdict(list)
+        for m in models:
+            groups[model_gpus(m)].append(m)
+        if len(groups) <= 1:
+            out.append(overrides)
+            continue
+        for ms in groups.values():
+            out.append([*overrides[:i], f"model={','.join(ms)}", *overrides[i + 1:]])
+    return out
+
+
 def commands(key: str, profile: str, multiruns: list[list[str]], launcher: str, results_dir: str,
              extra_hydra: list[str] = ()) -> list[list[str]]:
     stamp = time.strftime("%Y-%m-%d_%H-%M-%S")
     cmds = []
-    for n, overrides in enumerate(multiruns):
+    for n, overrides in enumerate(by_gpus(multiruns)):
         cmd = [sys.executable, str(ROOT / "run.py"), "-m", *overrides, f"hydra/launcher={launcher}",
                f"hydra.sweep.dir=results/multirun/{key}/{profile}/{stamp}-{n}"]
         if str(results_dir) != "results/runs":

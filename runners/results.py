@@ -23,7 +23,7 @@ from runners.store import RowStore, read_failures, read_rows
 
 # Keys (dotted) that do not affect results and so stay out of the run hash.
 NOT_HASHED = ("runner.wandb", "runner.progress", "runner.results_dir", "runner.name", "runner.on_error",
-              "task.limit")
+              "task.limit", "runner.devices", "model.gpus")   # placement: each layer runs the same kernels
 # Keys added after runs existed, hashed only when set (null = the behaviour before the key).
 HASHED_WHEN_SET = (("model", "max_position"),)
 

@@ -18,6 +18,7 @@ import methods
 import tasks
 from common.errors import HarnessError
 from runners import hub, models
+from runners import plan as memory_plan
 from runners.batch import batches, mean_timings, run_batch_safely
 from runners.report import print_table
 from runners.results import RunDir, environment
@@ -61,12 +62,17 @@ def _run(cfg: DictConfig, report: bool) -> dict:
     # Build every prompt once before the model loads: a length too short for the prompt or missing
     # data fails here, and the count is the progress bar's total. (Samples are built again, lazily,
     # in the loop: a 1M-token grid never sits in memory whole.)
-    plan = [s.id for s in task.limited()]
+    plan, longest = [], 0
+    for s in task.limited():
+        plan.append(s.id)
+        longest = max(longest, len(s.input_ids) + s.max_new_tokens)
     if len(set(plan)) != len(plan):
         raise HarnessError(f"task {cfg.task.name} yields duplicate sample ids; rows are keyed by id")
 
+    # the memory plan, before any weight loads: one line; a run that cannot fit stops here (exit 2)
+    placement = memory_plan.for_run(cfg, device, dtype, min(int(cfg.runner.batch_size), len(plan)) or 1, longest)
     torch.manual_seed(int(cfg.runner.seed))
-    model, tokenizer = models.load(cfg.model, device, dtype, tokenizer=tokenizer)
+    model, tokenizer = models.load(cfg.model, device, dtype, tokenizer=tokenizer, placement=placement)
     if cfg.model.get("max_position") is not None:
         # the engine and methods read the limit from the HF config; RoPE itself takes any position
         model.config.max_position_embeddings = max_position(cfg.model)
@@ -75,7 +81,7 @@ def _run(cfg: DictConfig, report: bool) -> dict:
     method = methods.build(cfg.method, info)
     from runners.engine import Engine
 
-    engine = Engine(model, method)
+    engine = Engine(model, method, placement=placement)
     stop_ids = _stop_ids(tokenizer, cfg.model)
 
     out = RunDir(cfg)

@@ -77,6 +77,9 @@ def validate(cfg: DictConfig) -> None:
     if runner.wandb.mode not in WANDB_MODES:
         raise ConfigError(f"runner.wandb.mode must be one of {', '.join(WANDB_MODES)}, got {runner.wandb.mode!r}")
     check_device_name(runner.device)
+    devices = runner.get("devices", 1)
+    if not (devices == "auto" or (isinstance(devices, int) and not isinstance(devices, bool) and devices >= 1)):
+        raise ConfigError(f"runner.devices must be a number of GPUs >= 1 or auto, got {devices!r}")
     if runner.get("on_error", "record") not in ON_ERROR:
         raise ConfigError(f"runner.on_error must be record or raise, got {runner.on_error!r}")
     if runner.dtype not in ("auto", "float32", "fp32", "bfloat16", "bf16", "float16", "fp16"):
