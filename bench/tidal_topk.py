@@ -211,7 +211,8 @@ def main(argv=None):
     ap.add_argument("--limit", type=int, default=None, help="fig3: first N prompts only")
     ap.add_argument("--answer-tokens", type=int, default=16)
     ap.add_argument("--device", default="auto")
-    ap.add_argument("--dtype", default="auto")
+    ap.add_argument("--dtype", default="float32", help="float32 (default): exact sets on any device; the paper "
+                                                       "model at 100K needs bfloat16")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     argv = sys.argv[1:] if argv is None else list(argv)
