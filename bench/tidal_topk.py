@@ -21,7 +21,7 @@ attending): the first step where TidalDecode's sparse layers would act.
         full attention, and analyze the top 256 tokens").
 
     python -m bench.tidal_topk fig1 --model smollm2 --out results/bench/tidal_topk_fig1_smollm2.json
-    python -m bench.tidal_topk fig3 --model smollm2 --out results/bench/tidal_topk_fig3_smollm2.json
+    python -m bench.tidal_topk fig3 --model smollm2 --rounds 2 --out results/bench/tidal_topk_fig3_smollm2.json
 """
 from __future__ import annotations
 
