@@ -15,6 +15,7 @@ import analysis.papers  # noqa: F401
 import methods
 from analysis import catalogue
 from analysis.__main__ import main
+from analysis.papers.tidal_topk import head_overlap
 from bench.tidal_topk import (
     TopK,
     first_step,
@@ -117,6 +118,8 @@ def test_fig1_and_fig3_render_from_benchmark_files(tmp_path):
         assert main(["render", key, "--bench", str(bench), "--out", str(tmp_path / "out")]) == 0
     md1 = (tmp_path / "out" / "tables" / "tidal.fig1.md").read_text()
     assert "| adjacent layers (l, l+1), mean | 50.0% | 50.0% | 40.0% | 2 |" in md1    # head 0, all heads, k/N
+    assert head_overlap([[0, 1], [0, 1], [2, 4]], 1, 1) == 0.5                       # = the bench's adjacent, head 0
+    assert head_overlap([[0, 1], [0, 1], [2, 4]], 2) == 0.0
     assert "- L2: 2: ' b', 4: ' '" in md1 and "tidal_topk_fig1_llama3.json`: **missing**" in md1
     md3 = (tmp_path / "out" / "tables" / "tidal.fig3.md").read_text()
     assert "| none | 30.0% [18.7–41.3] | 30.0% [30.0–30.0] | 3 |" in md3                     # mean of 0.2/0.3/0.4, normal interval

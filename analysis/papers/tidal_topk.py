@@ -90,14 +90,27 @@ def _head(item, impl, sources) -> str:
 
 
 # --- Fig. 1 ---------------------------------------------------------------------------------------
+def head_overlap(top: list[list[int]], min_gap: int, max_gap: int | None = None) -> float:
+    """Mean |T_i ∩ T_j| / k of the drawn head over layer pairs min_gap <= j - i (<= max_gap)."""
+    sets = [{p for p in t if p >= 0} for t in top]
+    k = len(top[0])
+    vals = [len(sets[i] & sets[j]) / k for i in range(len(sets)) for j in range(i + min_gap, len(sets))
+            if max_gap is None or j - i <= max_gap]
+    return sum(vals) / len(vals)
+
+
 def fig1_summary(d: dict, name: str) -> list[dict]:
-    """Adjacent-layer top-k overlap of the drawn head and of all query heads, beside chance k/N."""
-    adj, head, n = d["adjacent"], d["head"], len(d["tokens"])
+    """Top-k overlap of adjacent layers (drawn head, all query heads) and of layers 8+ apart (drawn head),
+    beside chance k/N."""
+    adj, head, n, L = d["adjacent"], d["head"], len(d["tokens"]), d["layers"]
     flat = [x for row in adj for x in row]
-    return [{"block": d["model"], "row": "adjacent layers (l, l+1), mean", "col": col, "ours": 100 * v, "ci_lo": None,
-             "ci_hi": None, "n": len(adj), "unit": "%", "file": name}
-            for col, v in ((f"query head {head}", sum(r[head] for r in adj) / len(adj)),
-                           ("all query heads", sum(flat) / len(flat)), ("chance k/N", d["k"] / n))]
+    cells = [("adjacent layers (l, l+1), mean", f"query head {head}", sum(r[head] for r in adj) / len(adj), len(adj)),
+             ("adjacent layers (l, l+1), mean", "all query heads", sum(flat) / len(flat), len(adj)),
+             ("adjacent layers (l, l+1), mean", "chance k/N", d["k"] / n, len(adj)),
+             ("layers 8 or more apart, mean", f"query head {head}", head_overlap(d["top"], 8), (L - 8) * (L - 7) // 2),
+             ("layers 8 or more apart, mean", "chance k/N", d["k"] / n, (L - 8) * (L - 7) // 2)]
+    return [{"block": d["model"], "row": row, "col": col, "ours": 100 * v, "ci_lo": None, "ci_hi": None, "n": m,
+             "unit": "%", "file": name} for row, col, v, m in cells]
 
 
 def render_fig1(item, impl, sources, out):
