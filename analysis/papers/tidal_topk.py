@@ -106,9 +106,10 @@ def fig1_summary(d: dict, name: str) -> list[dict]:
     flat = [x for row in adj for x in row]
     cells = [("adjacent layers (l, l+1), mean", f"query head {head}", sum(r[head] for r in adj) / len(adj), len(adj)),
              ("adjacent layers (l, l+1), mean", "all query heads", sum(flat) / len(flat), len(adj)),
-             ("adjacent layers (l, l+1), mean", "chance k/N", d["k"] / n, len(adj)),
-             ("layers 8 or more apart, mean", f"query head {head}", head_overlap(d["top"], 8), (L - 8) * (L - 7) // 2),
-             ("layers 8 or more apart, mean", "chance k/N", d["k"] / n, (L - 8) * (L - 7) // 2)]
+             ("adjacent layers (l, l+1), mean", "chance k/N", d["k"] / n, len(adj))]
+    if L > 8:
+        cells += [("layers 8 or more apart, mean", f"query head {head}", head_overlap(d["top"], 8), (L - 8) * (L - 7) // 2),
+                  ("layers 8 or more apart, mean", "chance k/N", d["k"] / n, (L - 8) * (L - 7) // 2)]
     return [{"block": d["model"], "row": row, "col": col, "ours": 100 * v, "ci_lo": None, "ci_hi": None, "n": m,
              "unit": "%", "file": name} for row, col, v, m in cells]
 
