@@ -274,7 +274,7 @@ results/bench/tidal_topk_fig1_smollm2.json: | install
 results/bench/tidal_topk_fig1_llama3.json: | install
 	$(ANALYSIS) bench tidal_topk_fig1_llama3.json --force
 
-# python -m bench.tidal_topk fig3 --model smollm2 --rounds 2 --out $@
+# python -m bench.tidal_topk fig3 --model smollm2 --rounds 1 --out $@
 results/bench/tidal_topk_fig3_smollm2.json: | install
 	$(ANALYSIS) bench tidal_topk_fig3_smollm2.json --force
 
