@@ -15,10 +15,10 @@ Fig. 3 (the paper): LLaMA-3-8B, NIAH on PG-19-mini at 100K tokens, 100 requests,
 average recall of the tokens TidalDecode's sparse layers reuse, per choice of re-selection layer: below
 20% without re-selection, almost 40% with layer 13, layers 11 and 13 best. Ours: the embedded model on
 the harness's NIAH prompts (tasks/niah.py, TidalDecode's needle protocol) at 4096 tokens on the built-in
-noise haystack (the repository ships no PG-19 text; the same prompts as the embedded tidal.table1 and
-tidal.table7-12), one prompt per depth, 10 depths = 10 prompts (a CPU run on a shared 2-core machine,
-about 4 minutes a prompt; the paper has 100; the intervals over prompts show the spread), k = 256 (6.2% of the cache, where the paper's 256 of
-100K is 0.26%: chance overlap k/N is in the table). Overlap per query head (the head index TidalDecode
+noise haystack (the repository ships no PG-19 text; the generator, haystack and length of the embedded
+tidal.table1 and tidal.table7-12), one prompt per depth, 10 depths = 10 prompts (a CPU run on a shared
+2-core machine, 2-4 minutes a prompt; the paper has 100; the intervals over prompts show the spread),
+k = 256 (6.2% of the cache, where the paper's 256 of 100K is 0.26%: chance overlap k/N is in the table). Overlap per query head (the head index TidalDecode
 reuses a set under), averaged over heads and prompts. Recall: every layer after the first selection layer
 (layer 2: layers 0-1 dense, the method default) that is not a selection layer reuses the set of the latest
 selection layer before it; recall = |T_src ∩ T_layer| / k averaged over those layers and heads, per prompt,
