@@ -55,7 +55,9 @@ def _printed(md: str) -> list[tuple[float, int]]:
 
 def test_the_data_bound_items_are_these():
     bound = {k for k, it in catalogue.items().items() if it.impl is not None and it.impl.data}
-    assert bound == DATA_BOUND
+    # TidalDecode's LongBench tables: their numbers are in tidal.yaml, not papers_data (the same checks:
+    # tests/test_analysis_tidal_longbench.py)
+    assert bound == DATA_BOUND | {"tidal.table3", "tidal.table4"}
 
 
 @pytest.mark.parametrize("key", sorted(DATA_BOUND))
