@@ -2,7 +2,7 @@
 
 The probe is dense attention (method `full`) that, at a decode step, also takes the UNSCALED scores
 q.k of every layer from the same kernel TidalDecode selects with (kernels.selection_attention) and keeps
-each layer's top-k positions by methods.selection.top_tokens, TidalDecode's own selection rule. Sets are
+each layer's top-k positions by methods.parts.selection.top_tokens, TidalDecode's own selection rule. Sets are
 per QUERY head, as the reference selects (after repeat_kv) and as our tidal method does by default
 (select=query_head): a query head's set at a selection layer is what the same head index attends in the
 later layers. `fig3` also keeps one set per KV head (select=kv_head: the group's summed probabilities).

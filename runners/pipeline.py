@@ -115,7 +115,7 @@ class Pipeline:
     def __init__(self, engine, bounds, method):
         """`bounds`: [(device, first, end)] covering the layers in order; `method`: the built method,
         used for the first segment (the others are copies of it before any setup)."""
-        from methods.rope import Rope
+        from methods.parts.rope import Rope
 
         self.info = engine.info
         self.segments = []
