@@ -35,7 +35,8 @@ from omegaconf import OmegaConf
 
 import kernels
 from bench.engine import CONF, provenance
-from methods import ModelInfo, selection
+from methods import ModelInfo
+from methods.parts import selection
 from methods.full import Full
 from runners import models
 from runners.engine import Engine
