@@ -1,0 +1,102 @@
+"""bench/floors.py: one floor model for every registered method (issue 33). Registry-driven: a method
+registered without a floor or a budget option fails here, with no test edited."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from bench import floors
+from bench.every_method import method_cfg
+from methods import REGISTRY, ModelInfo, get
+
+LLAMA3 = ModelInfo("llama", 32, 32, 8, 128, 4096, 1048576, 128256)
+ROW = 2 * 128 * 2                                     # one KV row (K and V, D=128) in bf16 bytes
+W = 15e9
+
+
+def typed(name: str, budget: int = 4096):
+    cfg, _ = method_cfg(name, budget, "llama3", "random:0:24", LLAMA3)
+    return get(name).validate(dict(cfg), LLAMA3)
+
+
+@pytest.mark.parametrize("name", REGISTRY.names())
+def test_every_registered_method_has_a_floor_and_a_budget_option(name):
+    assert name in floors.ROWS, f"{name}: no floor model in bench/floors.py ROWS"
+    assert name in floors.BUDGET_KNOB, f"{name}: no budget option in bench/floors.py BUDGET_KNOB"
+    cfg = typed(name)
+    for c in (32768, 131072):
+        f = floors.floor(name, cfg, LLAMA3, c, 1, W, 2)
+        full = floors.floor("full", typed("full"), LLAMA3, c, 1, W, 2)
+        assert f.weights == W and f.kv > 0 and f.selection >= 0 and f.moves >= 0
+        # a budget of 4096 tokens per head reads at most what full attention reads, except where the
+        # method keeps a set per query head (4x the KV heads here) or reads every token somewhere
+        assert f.kv <= 4 * full.kv
+        # batch scales everything but the weights
+        f8 = floors.floor(name, cfg, LLAMA3, c, 8, W, 2)
+        assert f8.kv == pytest.approx(8 * f.kv) and f8.weights == W
+
+
+def test_floor_bytes_by_hand():
+    c = 32768
+    assert floors.floor("full", typed("full"), LLAMA3, c, 1, W, 2).kv == 32 * 8 * c * ROW
+    assert floors.floor("streaming_llm", typed("streaming_llm"), LLAMA3, c, 1, W, 2).kv == 32 * 8 * 4097 * ROW
+    assert floors.floor("lm_infinite", typed("lm_infinite"), LLAMA3, c, 1, W, 2).kv == 32 * 8 * (4096 + 10) * ROW
+    # Quest: 2 dense layers, then 32 query heads x 4096 tokens plus one row of page bounds per 16-token page
+    q = floors.floor("quest", typed("quest"), LLAMA3, c, 1, W, 2)
+    assert q.kv == (2 * 8 * c + 30 * 32 * 4096) * ROW and q.selection == 30 * 8 * (c // 16) * ROW
+    # TidalDecode: layers 0-1 dense, layers 2 and 13 select over every token, the rest read the sets
+    assert floors.floor("tidal", typed("tidal"), LLAMA3, c, 1, W, 2).kv == (4 * 8 * c + 28 * 32 * 4096) * ROW
+    # LycheeDecode with random:0:24: layer 0's 8 KV heads are forced dense, plus 24 = 32 dense heads
+    assert floors.floor("lychee", typed("lychee"), LLAMA3, c, 1, W, 2).kv == (32 * c + (256 - 32) * 4096) * ROW
+    # H2O reads and rewrites one fp32 score per kept token
+    h = floors.floor("h2o", typed("h2o"), LLAMA3, c, 1, W, 2)
+    assert h.kv == 32 * 8 * 4097 * ROW and h.selection == 32 * 8 * 4097 * 8
+    # InfLLM: sinks + window + 16 blocks of 128 attended; 4 representative keys (half a row) per block
+    i = floors.floor("infllm", typed("infllm"), LLAMA3, c, 1, W, 2)
+    blocks = (c - 128 - 4096) // 128
+    assert i.kv == 32 * 8 * (128 + 4096 + 2048) * ROW and i.selection == 32 * 8 * blocks * 4 * ROW / 2
+    assert floors.floor("full", typed("full"), LLAMA3, c, 1, 3e12, 2).ms(3e12) == pytest.approx(
+        1e3 * (3e12 + 32 * 8 * c * ROW) / 3e12)
+
+
+def test_a_short_context_caps_every_budget():
+    """Below the budget every method reads at most the context, like full attention."""
+    full = floors.floor("full", typed("full"), LLAMA3, 1024, 1, W, 2).kv
+    for name in REGISTRY.names():
+        kv = floors.floor(name, typed(name), LLAMA3, 1024, 1, W, 2).kv
+        assert kv <= 4 * full, name
+
+
+def test_tactic_fit_mode_takes_the_measured_budget():
+    cfg, _ = method_cfg("tactic", 4096, "llama3", "random:0:24", LLAMA3)
+    cfg["mode"] = "fit"
+    t = get("tactic").validate(dict(cfg), LLAMA3)
+    a = floors.floor("tactic", t, LLAMA3, 32768, 1, W, 2, attended=1000.0)
+    b = floors.floor("tactic", t, LLAMA3, 32768, 1, W, 2, attended=2000.0)
+    assert b.kv - a.kv == 32 * 32 * 1000 * ROW and "measured" in a.note
+
+
+def test_weight_bytes_skip_an_untied_input_embedding():
+    class M(torch.nn.Module):
+        def __init__(self, tied):
+            super().__init__()
+            self.emb, self.mid, self.head = torch.nn.Embedding(10, 4), torch.nn.Linear(4, 4, bias=False), \
+                torch.nn.Linear(4, 10, bias=False)
+            if tied:
+                self.head.weight = self.emb.weight
+
+        def get_input_embeddings(self):
+            return self.emb
+
+        def get_output_embeddings(self):
+            return self.head
+
+    assert floors.weight_bytes(M(False), 2) == (16 + 40) * 2       # the head, not the input table
+    assert floors.weight_bytes(M(True), 2) == (40 + 16) * 2        # tied: the table once, as the head
+
+
+def test_every_method_uses_the_registry_and_records_heads():
+    cfg, note = method_cfg("lychee", 4096, "llama3", "random:0:24", LLAMA3)
+    assert cfg["heads"] == "random:0:24" and "no llama3 head file" in note and cfg["budget"] == 4096
+    cfg, _ = method_cfg("minference", 4096, "llama3", "random:0:24", LLAMA3)
+    assert cfg["pattern_model"] == "llama3"
