@@ -11,7 +11,7 @@ OVERRIDES ?=
 ANALYSIS  = $(PY) -m analysis
 ANALYSIS_OPTS = --profile $(PROFILE) --launcher $(LAUNCHER) $(if $(strip $(OVERRIDES)),-- $(OVERRIDES))
 
-.PHONY: tables analysis-list tidal-fig1 tidal-fig3 tidal-table1 tidal-table2 tidal-fig5 tidal-table3 tidal-table4 tidal-fig6 tidal-fig7 tidal-fig8 tidal-table5-6 tidal-fig9 tidal-table7-12 tactic-fig1 tactic-fig3-4 tactic-fig5 tactic-fig6 tactic-fig7 tactic-fig8 tactic-fig9 tactic-fig10 tactic-fig11 tactic-table1-5 lychee-fig1 lychee-table1 lychee-table2 lychee-fig3 lychee-fig4 lychee-fig5 lychee-table5-6 lychee-table3 lychee-table4 lychee-fig7 lychee-fig8 lychee-fig9-13 ltri-fig1-2 ltri-table1 ltri-fig8 ltri-table2 ltri-table3 ltri-fig9 ltri-table8 ltri-fig10-14 ltri-table4 cascade-table1 cascade-fig7 cascade-fig2 cascade-fig8 cascade-fig6 cascade-table2 cascade-table3 cascade-fig9 cascade-table9 cascade-fig10 cascade-fig17 cascade-fig11 cascade-fig12 cascade-table4 cascade-table6 cascade-table8 cascade-table10
+.PHONY: tables analysis-list tidal-fig1 tidal-fig3 tidal-table1 tidal-table2 tidal-fig5 tidal-table3 tidal-table4 tidal-fig6 tidal-fig7 tidal-fig8 tidal-table5-6 tidal-fig9 tidal-table7-12 tactic-fig1 tactic-fig3-4 tactic-fig5 tactic-fig6 tactic-fig7 tactic-fig8 tactic-fig9 tactic-fig10 tactic-fig11 tactic-table1-5 lychee-fig1 lychee-table1 lychee-table2 lychee-fig3 lychee-fig4 lychee-fig5 lychee-table5-6 lychee-table3 lychee-table4 lychee-fig7 lychee-fig8 lychee-fig9-13 ltri-fig1-2 ltri-table1 ltri-fig8 ltri-table2 ltri-table3 ltri-fig9 ltri-table8 ltri-fig10-14 ltri-table4 cascade-table1 cascade-fig7 cascade-fig2 cascade-fig8 cascade-fig6 cascade-table2 cascade-table3 cascade-fig9 cascade-table9 cascade-fig10 cascade-fig17 cascade-fig11 cascade-fig12 cascade-table4 cascade-table6 cascade-table8 cascade-table10 harness-tpot harness-pareto
 
 analysis-list:
 	$(ANALYSIS) list
@@ -266,6 +266,14 @@ cascade-table8: install
 cascade-table10: install
 	$(ANALYSIS) make cascade.table10 $(ANALYSIS_OPTS)
 
+# harness.tpot: every method's decode ms, x its floor, speed-up over full, prefill s, peak GiB at 32K/128K x batch 1/8  (GPU benchmark: renders results/bench/*.json; prints the GPU commands that write them)
+harness-tpot: install
+	$(ANALYSIS) make harness.tpot $(ANALYSIS_OPTS)
+
+# harness.pareto: accuracy vs decode speed-up over full, every method one point, Pareto front
+harness-pareto: install
+	$(ANALYSIS) make harness.pareto $(ANALYSIS_OPTS)
+
 # python -m bench.tpot --model llama2_7b --weights random --contexts 10240 32768 --out $@
 results/bench/tpot_llama2_7b_h100.json: | install
 	$(ANALYSIS) bench tpot_llama2_7b_h100.json --force
@@ -365,6 +373,10 @@ results/bench/minference_layer_h100.json: | install
 # python -m bench.minference_cascade --model llama31_8b --out $@
 results/bench/minference_cascade_layer_h100.json: | install
 	$(ANALYSIS) bench minference_cascade_layer_h100.json --force
+
+# python -m bench.every_method --model llama3 --weights random --cells 32768x1 131072x1 32768x8 --budget 4096 --warmup 3 --steps 12 --out $@
+results/bench/every_method_llama3_h100.json: | install
+	$(ANALYSIS) bench every_method_llama3_h100.json --force
 
 # python -m bench.bounded --model llama31_8b --weights random --caches 4096 32768 --context 1048576 --steps 32 --methods h2o tova streaming_llm --out $@
 results/bench/bounded_llama31_8b_h100.json: | install

@@ -193,7 +193,7 @@ BUDGET_KNOB: dict[str, Callable[[int], dict]] = {
                                                "truncate", "lychee", "streaming_llm", "duo")},
     "cascade": lambda k: {"cache_size": k}, "minference_cascade": lambda k: {"cache_size": k},
     "lm_infinite": lambda k: {"local_branch": k},
-    "infllm": lambda k: {"n_local": k}, "ltri": lambda k: {"n_local": k},
+    **{n: (lambda k: {"n_local": k, "exc_block_size": min(512, k)}) for n in ("infllm", "ltri")},
     "tactic": lambda k: {"mode": "topk", "budget": k},
 }
 KNOB_NOTE = ("budget K = tokens per head: `budget` (Quest, TidalDecode, H2O, TOVA, SnapKV, PyramidKV, BigBird, "

@@ -100,3 +100,19 @@ def test_every_method_uses_the_registry_and_records_heads():
     assert cfg["heads"] == "random:0:24" and "no llama3 head file" in note and cfg["budget"] == 4096
     cfg, _ = method_cfg("minference", 4096, "llama3", "random:0:24", LLAMA3)
     assert cfg["pattern_model"] == "llama3"
+
+
+def test_the_tpot_scripts_floors_agree_with_this_model():
+    """bench.tpot and bench.lychee_tpot keep their own KV-row counts (switching them to this module
+    would mark their committed files stale); both agree with bench/floors.py, row for row."""
+    from bench import lychee_tpot, tpot
+
+    for c in (10240, 32768, 131072):
+        for name, budget in (("full", None), ("quest", 4096), ("quest", 32), ("tidal", 4096), ("tidal", 256)):
+            cfg = tpot.method_cfg(name, budget, LLAMA3)
+            typed_cfg = get(name).validate(dict(cfg), LLAMA3)
+            assert tpot.kv_rows_read(name, cfg, LLAMA3, c) == floors.kv_rows(name, typed_cfg, LLAMA3, c), (name, c)
+        for variant in ("full", "tidal", "lychee", "lychee_block"):
+            cfg = lychee_tpot.method_cfg(variant, LLAMA3)
+            typed_cfg = get(cfg["name"]).validate(dict(cfg), LLAMA3)
+            assert lychee_tpot.kv_rows(variant, cfg, LLAMA3, c) == floors.kv_rows(cfg["name"], typed_cfg, LLAMA3, c)
