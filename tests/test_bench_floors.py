@@ -116,3 +116,52 @@ def test_the_tpot_scripts_floors_agree_with_this_model():
             cfg = lychee_tpot.method_cfg(variant, LLAMA3)
             typed_cfg = get(cfg["name"]).validate(dict(cfg), LLAMA3)
             assert lychee_tpot.kv_rows(variant, cfg, LLAMA3, c) == floors.kv_rows(cfg["name"], typed_cfg, LLAMA3, c)
+
+
+def test_every_method_loop_records_failures_skips_and_ratios(tmp_path, monkeypatch):
+    """bench.every_method's bookkeeping with the engine stubbed: every registered method has a row per
+    cell; an error becomes a row; a cell projected past the time budget is skipped; speed-ups and floors
+    are against full attention in the same cell."""
+    import json
+
+    from bench import every_method as em
+
+    class Tiny(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb, self.head = torch.nn.Embedding(10, 4), torch.nn.Linear(4, 10, bias=False)
+
+        def get_input_embeddings(self):
+            return self.emb
+
+        def get_output_embeddings(self):
+            return self.head
+
+    monkeypatch.setattr(em, "load_bench_model", lambda m, w: (Tiny(), LLAMA3, torch.device("cpu"), torch.bfloat16))
+    prefill = {"full": 1.0, "quest": 1.0, "ltri": 50.0}
+
+    def fake_cell(model, info, cfg, ids, warmup, steps, timer, device):
+        if cfg["name"] == "bigbird" and ids.shape[1] > 2048:
+            raise RuntimeError("CUDA out of memory. Tried to allocate 16.00 GiB")
+        scale = 1 if ids.shape[1] <= 2048 else ids.shape[1] / 1024
+        return {"prefill_s": prefill.get(cfg["name"], 0.5) * scale, "decode_ms": 10.0 if cfg["name"] == "full" else 5.0,
+                "graphs": True, "attended_mean": None}
+
+    monkeypatch.setattr(em, "run_cell", fake_cell)
+    monkeypatch.setattr(em.torch, "randint", lambda lo, hi, shape, generator=None: torch.zeros(shape, dtype=torch.long))
+    clock = iter(range(0, 10 ** 6, 1))
+    monkeypatch.setattr(em.time, "time", lambda: float(next(clock)))       # 1 s per call: budget runs out
+    monkeypatch.setenv("BENCH_TIME_BUDGET", "200")
+    out = tmp_path / "e.json"
+    em.main(["--cells", "4096x1", "16384x1", "--out", str(out)])
+    d = json.loads(out.read_text())
+    rows = {(r["method"], r["context"]): r for r in d["rows"]}
+    assert {m for m, _ in rows} == set(REGISTRY.names()) and len(rows) == 2 * len(REGISTRY.names())
+    assert rows[("bigbird", 4096)]["status"] == "error" and "out of memory" in rows[("bigbird", 4096)]["error"]
+    q = rows[("quest", 4096)]
+    assert q["status"] == "ok" and q["speedup_vs_full"] == 2.0 and q["prefill_vs_full"] == 1.0
+    assert q["over_floor"] == pytest.approx(5.0 / q["floor_ms"]) and q["floor_gb"] > q["weights_gb"]
+    # ltri prefills 50x full: at 16K its projected prefill exceeds what is left of the budget
+    assert rows[("ltri", 16384)]["status"] == "skipped" and "projected prefill" in rows[("ltri", 16384)]["error"]
+    assert rows[("lychee", 4096)]["heads"].startswith("random:0:24") and d["command"].startswith(
+        "python -m bench.every_method")
