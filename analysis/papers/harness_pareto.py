@@ -74,7 +74,7 @@ def frame(df: pd.DataFrame, sources) -> pd.DataFrame:
     sp = speedups(sources)
     acc = df[df["status"].isin(["done", "partial"])].set_index("row")
     rows = []
-    for m in REGISTRY.names():
+    for m in ["full"] + [n for n in REGISTRY.names() if n != "full"]:
         a = acc.loc[m] if m in acc.index else None
         x, ms, state = sp.get(m, (None, None, "not in the speed file"))
         rows.append({"method": m, "accuracy": None if a is None else a["ours"],
