@@ -29,7 +29,7 @@ def fake_every_method(d, ms: dict, cells=((32768, 1), (131072, 1))) -> None:
                 r.update(status="error", error="out of memory: CUDA out of memory. Tried to allocate 16 GiB")
             else:
                 r.update(status="ok", decode_ms=t, floor_ms=5.0, over_floor=t / 5.0, prefill_s=2.0 + i,
-                         prefill_vs_full=(2.0 + i) / 2.0, peak_gib=20.5, graphs=m != "infllm",
+                         prefill_vs_full=(2.0 + i) / 2.0, first_decode_s=0.5, peak_gib=20.5, graphs=m != "infllm",
                          speedup_vs_full=10.0 / t, floor_note="dense decode" if m == "full" else "")
             rows.append(r)
     (d / harness.FILE.name).write_text(json.dumps({
@@ -47,7 +47,7 @@ def test_tpot_renders_every_row_failures_included(tmp_path):
     assert main(["render", "harness.tpot", "--bench", str(bench), "--out", str(out)]) == 0
     md = (out / "tables" / "harness.tpot.md").read_text()
     assert "### 32K B=1" in md and "### 128K B=1" in md
-    assert "| quest | 8.00 | 5.00 | 1.60x | 1.25x | 3.00 | 1.50x | 20.5 | yes |" in md
+    assert "| quest | 8.00 | 5.00 | 1.60x | 1.25x | 3.00 | 1.50x | 0.50 | 20.5 | yes |" in md
     assert "| bigbird | **error** |" in md and "out of memory" in md
     assert "| infllm | **skipped** |" in md and "BENCH_TIME_BUDGET" in md   # the 128K cell ran out of time
     assert "| infllm | 40.00 | 5.00 | 8.00x | 0.25x |" in md and "| no |" in md   # eager: no graph

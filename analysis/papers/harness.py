@@ -21,7 +21,7 @@ COMMAND = ("python -m bench.every_method --model llama3 --weights random --cells
            "--budget 4096 --warmup 3 --steps 12")
 FILE = BenchFile("every_method_llama3_h100.json", COMMAND, CODE)
 COLUMNS = ["cell", "method", "status", "decode_ms", "floor_ms", "over_floor", "speedup_vs_full", "prefill_s",
-           "prefill_vs_full", "peak_gib", "graphs", "heads", "note", "file"]
+           "prefill_vs_full", "first_decode_s", "peak_gib", "graphs", "heads", "note", "file"]
 
 
 def cell_name(context: int, batch: int) -> str:
@@ -35,7 +35,7 @@ def table(sources) -> pd.DataFrame:
         for r in src.rows:
             note = r.get("error") or r.get("floor_note") or ""
             out.append({"cell": cell_name(r["context"], r["batch"]), "method": r["method"],
-                        "status": r.get("status", "ok"), **{k: r.get(k) for k in COLUMNS[3:11]},
+                        "status": r.get("status", "ok"), **{k: r.get(k) for k in COLUMNS[3:12]},
                         "heads": r.get("heads") or "", "note": note, "file": src.name})
     return pd.DataFrame(out, columns=COLUMNS)
 
@@ -50,14 +50,14 @@ def markdown(df: pd.DataFrame) -> str:
         b = df[df["cell"] == cell]
         lines += [f"\n### {cell}\n",
                   ("| method | decode ms | floor ms | x floor | speed-up over full | prefill s | prefill / full | "
-                  "peak GiB | graph | note |"), "|---|---|---|---|---|---|---|---|---|---|"]
+                  "1st step s | peak GiB | graph | note |"), "|---|---|---|---|---|---|---|---|---|---|---|"]
         for _, r in b.iterrows():
             if r["status"] != "ok":
-                lines.append(f"| {r['method']} | **{r['status']}** | | | | | | | | {r['note']} |")
+                lines.append(f"| {r['method']} | **{r['status']}** | | | | | | | | | {r['note']} |")
                 continue
             lines.append(f"| {r['method']} | {_num(r['decode_ms'], '.2f')} | {_num(r['floor_ms'], '.2f')} | "
                          f"{_num(r['over_floor'], '.2f')}x | {_num(r['speedup_vs_full'], '.2f')}x | "
-                         f"{_num(r['prefill_s'], '.2f')} | {_num(r['prefill_vs_full'], '.2f')}x | "
+                         f"{_num(r['prefill_s'], '.2f')} | {_num(r['prefill_vs_full'], '.2f')}x | {_num(r['first_decode_s'], '.2f')} | "
                          f"{_num(r['peak_gib'], '.1f')} | {'yes' if r['graphs'] else 'no'} | {r['note']} |")
     return "\n".join(lines) + "\n"
 
@@ -75,7 +75,8 @@ def header(item, impl, sources) -> str:
              f"{d.get('warmup', '?')} warm-up steps (CUDA graphs where the method is graph-safe: column `graph`); "
              f"floor: bytes the step must read (bench/floors.py) over "
              f"{(bw or 0) / 1e12:.2f} TB/s ({d.get('bandwidth_source', '?')}); speed-up over full and prefill / "
-             f"full: against full attention in the same cell of the same process; peak GiB: "
+             f"full: against full attention in the same cell of the same process; 1st step s: the first decode "
+              f"step (graph capture, and work done once before decoding, e.g. Tactic's clustering); peak GiB: "
              f"{d.get('peak_note', '')}."),
              (f"Cells run in order, full attention first in each; a cell whose projected prefill would end past "
              f"the run's time budget ({d.get('time_budget_s', '?')} s, the env BENCH_TIME_BUDGET) is **skipped** "
