@@ -101,7 +101,8 @@ def figure(df: pd.DataFrame):
                 ax.text(0, y, f" {b.loc[m, 'status']}", va="center", fontsize=7, color="tab:red")
         ax.set_title(cell)
         ax.set_xlabel("decode ms / token")
-        ax.set_xscale("log")
+        if any(v > 0 for v in ms):                     # a cell with no measured row has nothing to scale
+            ax.set_xscale("log")
     axes[0][0].set_yticks(range(len(methods)), methods)
     axes[0][0].invert_yaxis()
     axes[0][-1].legend(loc="lower right", fontsize=8)
