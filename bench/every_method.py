@@ -15,10 +15,11 @@ methods/patterns/<model>.json. What each ran with is in its row (`semantics`, `h
 Timing: the engine as `run.py` uses it (CUDA graphs where the method is graph-safe; the row says), one
 prefill per cell timed with CUDA events, --warmup decode steps, then --steps decode steps each timed
 with CUDA events: the median. Before its first cell each method runs a short prefill and decode
-(Triton compilation, graph capture) that is not timed. Cells run in the order given, full attention
-first in each. A failure (out of memory, an error) is a row with the error, not a dropped method.
+(Triton compilation, graph capture) that is not timed. Cells run in the order given; in each, full
+attention first, then the methods by their short run's prefill time, cheapest first (a time budget then
+covers the most methods). A failure (out of memory, an error) is a row with the error, not a dropped method.
 BENCH_TIME_BUDGET (seconds, default 540: one device call): a cell whose projected prefill (this method's
-time on the first cell x full attention's ratio between the cells) would end past it is recorded as
+time on the first cell, or on its short run, x full attention's ratio between the two) would end past it is recorded as
 skipped, with why. The whole table needs more than one 10-minute call today (prefills at 128K of
 15-170 s per method): run it where a call may take longer, with the budget raised.
 """
@@ -162,12 +163,12 @@ def main(argv=None):
     bandwidth = copy_bandwidth(device, Clock(device)) if device.type == "cuda" else floors.H100_BANDWIDTH
     timer = Timer(device)
     gen = torch.Generator().manual_seed(0)
-    cfgs, broken, rows = {}, {}, []
+    cfgs, broken, rows, warm_prefill = {}, {}, [], {}
     for name in names:                   # configs and a short untimed run (compilation, graph capture)
         try:
             cfgs[name] = method_cfg(name, args.budget, args.model, args.random_heads, info)
             warm_ids = torch.randint(0, info.vocab_size, (1, min(2048, cells[0][0])), generator=gen).to(device)
-            run_cell(model, info, cfgs[name][0], warm_ids, 1, 1, timer, device)
+            warm_prefill[name] = run_cell(model, info, cfgs[name][0], warm_ids, 1, 1, timer, device)["prefill_s"]
         except Exception as e:  # noqa: BLE001 - every failure becomes a row, not a crash
             broken[name] = error_text(e)
             release()
@@ -176,19 +177,23 @@ def main(argv=None):
     first_prefill, full_prefill = {}, {}
     for C, B in cells:
         ids = torch.randint(0, info.vocab_size, (B, C), generator=gen).to(device)
-        for name in names:
+        # full first, then the cheapest prefills (the untimed short run's): a budget covers the most methods
+        order = ["full"] + sorted((n for n in names if n != "full"), key=lambda n: warm_prefill.get(n, float("inf")))
+        for name in order:
             cfg, heads = cfgs.get(name, ({"name": name}, ""))
             row = {"method": name, "context": C, "batch": B, "heads": heads,
                    "semantics": {k: v for k, v in cfg.items() if k != "name"}}
             left = time_budget - (time.time() - t_start)
-            guess = None          # this method's prefill on the first cell, scaled as full attention's
+            guess = None          # this method's prefill on the first cell (else on the short run), scaled as full's
             if name in first_prefill and full_prefill.get((C, B)) and full_prefill.get(cells[0]):
                 guess = first_prefill[name] * full_prefill[(C, B)] / full_prefill[cells[0]]
+            elif name in warm_prefill and full_prefill.get((C, B)) and warm_prefill.get("full"):
+                guess = warm_prefill[name] * full_prefill[(C, B)] / warm_prefill["full"]
             if name in broken:
                 row.update(status="error", error=broken[name])
             elif left <= 0 or (guess is not None and guess > left):
                 why = f"projected prefill {guess:.0f} s" if guess is not None else "time budget spent"
-                row.update(status="skipped", error=f"not run: {why}, {max(left, 0):.0f} s of --time-budget left")
+                row.update(status="skipped", error=f"not run: {why}, {max(left, 0):.0f} s of BENCH_TIME_BUDGET left")
             else:
                 try:
                     row.update(status="ok", **run_cell(model, info, cfg, ids, args.warmup, args.steps, timer, device))

@@ -78,7 +78,7 @@ def header(item, impl, sources) -> str:
              f"full: against full attention in the same cell of the same process; 1st step s: the first decode "
               f"step (graph capture, and work done once before decoding, e.g. Tactic's clustering); peak GiB: "
              f"{d.get('peak_note', '')}."),
-             (f"Cells run in order, full attention first in each; a cell whose projected prefill would end past "
+             (f"Cells run in order; in each, full attention first (the file says in which order the others ran); a cell whose projected prefill would end past "
              f"the run's time budget ({d.get('time_budget_s', '?')} s, the env BENCH_TIME_BUDGET) is **skipped** "
              f"({skipped} here), a failure is a row with its error. Whole run: {d.get('elapsed_s', 0):.0f} s.")]
     return "\n".join(lines) + "\n" + provenance.markdown(sources)
