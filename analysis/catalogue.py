@@ -30,7 +30,7 @@ import yaml
 
 HERE = Path(__file__).resolve().parent
 PAPERS = {"tidal": "TidalDecode", "tactic": "Tactic", "lychee": "LycheeDecode", "ltri": "Ltri-LLM",
-          "cascade": "Cascading KV Cache"}
+          "cascade": "Cascading KV Cache", "harness": "the harness (every method)"}
 PROFILES = ("paper", "embedded")
 
 

@@ -11,7 +11,7 @@ OVERRIDES ?=
 ANALYSIS  = $(PY) -m analysis
 ANALYSIS_OPTS = --profile $(PROFILE) --launcher $(LAUNCHER) $(if $(strip $(OVERRIDES)),-- $(OVERRIDES))
 
-.PHONY: tables analysis-list tidal-fig1 tidal-fig3 tidal-table1 tidal-table2 tidal-fig5 tidal-table3 tidal-table4 tidal-fig6 tidal-fig7 tidal-fig8 tidal-table5-6 tidal-fig9 tidal-table7-12 tactic-fig1 tactic-fig3-4 tactic-fig5 tactic-fig6 tactic-fig7 tactic-fig8 tactic-fig9 tactic-fig10 tactic-fig11 tactic-table1-5 lychee-fig1 lychee-table1 lychee-table2 lychee-fig3 lychee-fig4 lychee-fig5 lychee-table5-6 lychee-table3 lychee-table4 lychee-fig7 lychee-fig8 lychee-fig9-13 ltri-fig1-2 ltri-table1 ltri-fig8 ltri-table2 ltri-table3 ltri-fig9 ltri-table8 ltri-fig10-14 ltri-table4 cascade-table1 cascade-fig7 cascade-fig2 cascade-fig8 cascade-fig6 cascade-table2 cascade-table3 cascade-fig9 cascade-table9 cascade-fig10 cascade-fig17 cascade-fig11 cascade-fig12 cascade-table4 cascade-table6 cascade-table8 cascade-table10
+.PHONY: tables analysis-list tidal-fig1 tidal-fig3 tidal-table1 tidal-table2 tidal-fig5 tidal-table3 tidal-table4 tidal-fig6 tidal-fig7 tidal-fig8 tidal-table5-6 tidal-fig9 tidal-table7-12 tactic-fig1 tactic-fig3-4 tactic-fig5 tactic-fig6 tactic-fig7 tactic-fig8 tactic-fig9 tactic-fig10 tactic-fig11 tactic-table1-5 lychee-fig1 lychee-table1 lychee-table2 lychee-fig3 lychee-fig4 lychee-fig5 lychee-table5-6 lychee-table3 lychee-table4 lychee-fig7 lychee-fig8 lychee-fig9-13 ltri-fig1-2 ltri-table1 ltri-fig8 ltri-table2 ltri-table3 ltri-fig9 ltri-table8 ltri-fig10-14 ltri-table4 cascade-table1 cascade-fig7 cascade-fig2 cascade-fig8 cascade-fig6 cascade-table2 cascade-table3 cascade-fig9 cascade-table9 cascade-fig10 cascade-fig17 cascade-fig11 cascade-fig12 cascade-table4 cascade-table6 cascade-table8 cascade-table10 harness-tpot harness-pareto
 
 analysis-list:
 	$(ANALYSIS) list
@@ -22,11 +22,11 @@ tables: install
 table%: install
 	$(ANALYSIS) table $* --paper $(PAPER) $(ANALYSIS_OPTS)
 
-# tidal.fig1: heatmap: top-k tokens per layer, one decode step  (GPU benchmark: renders results/bench/*.json; prints the GPU commands that write them)
+# tidal.fig1: heatmap: top-k tokens per layer, one decode step  (not implemented yet: prints why and exits 2)
 tidal-fig1: install
 	$(ANALYSIS) make tidal.fig1 $(ANALYSIS_OPTS)
 
-# tidal.fig3: (a) top-256 overlap between all layer pairs, (b) recall vs re-selection layer  (GPU benchmark: renders results/bench/*.json; prints the GPU commands that write them)
+# tidal.fig3: (a) top-256 overlap between all layer pairs, (b) recall vs re-selection layer  (not implemented yet: prints why and exits 2)
 tidal-fig3: install
 	$(ANALYSIS) make tidal.fig3 $(ANALYSIS_OPTS)
 
@@ -42,11 +42,11 @@ tidal-table2: install
 tidal-fig5: install
 	$(ANALYSIS) make tidal.fig5 $(ANALYSIS_OPTS)
 
-# tidal.table3: LongBench 8 tasks, K=1024/4096
+# tidal.table3: LongBench 8 tasks, K=1024/4096  (not implemented yet: prints why and exits 2)
 tidal-table3: install
 	$(ANALYSIS) make tidal.table3 $(ANALYSIS_OPTS)
 
-# tidal.table4: same as table3
+# tidal.table4: same as table3  (not implemented yet: prints why and exits 2)
 tidal-table4: install
 	$(ANALYSIS) make tidal.table4 $(ANALYSIS_OPTS)
 
@@ -266,21 +266,13 @@ cascade-table8: install
 cascade-table10: install
 	$(ANALYSIS) make cascade.table10 $(ANALYSIS_OPTS)
 
-# python -m bench.tidal_topk fig1 --model smollm2 --out $@
-results/bench/tidal_topk_fig1_smollm2.json: | install
-	$(ANALYSIS) bench tidal_topk_fig1_smollm2.json --force
+# harness.tpot: every method's decode ms, x its floor, speed-up over full, prefill s, peak GiB at 32K/128K x batch 1/8  (GPU benchmark: renders results/bench/*.json; prints the GPU commands that write them)
+harness-tpot: install
+	$(ANALYSIS) make harness.tpot $(ANALYSIS_OPTS)
 
-# python -m bench.tidal_topk fig1 --model llama3 --hub-id meta-llama/Meta-Llama-3-8B-Instruct --dtype bfloat16 --out $@
-results/bench/tidal_topk_fig1_llama3.json: | install
-	$(ANALYSIS) bench tidal_topk_fig1_llama3.json --force
-
-# python -m bench.tidal_topk fig3 --model smollm2 --rounds 1 --out $@
-results/bench/tidal_topk_fig3_smollm2.json: | install
-	$(ANALYSIS) bench tidal_topk_fig3_smollm2.json --force
-
-# python -m bench.tidal_topk fig3 --model llama3 --haystack pg19 --length 100000 --rounds 10 --dtype bfloat16 --out $@
-results/bench/tidal_topk_fig3_llama3.json: | install
-	$(ANALYSIS) bench tidal_topk_fig3_llama3.json --force
+# harness.pareto: accuracy vs decode speed-up over full, every method one point, Pareto front
+harness-pareto: install
+	$(ANALYSIS) make harness.pareto $(ANALYSIS_OPTS)
 
 # python -m bench.tpot --model llama2_7b --weights random --contexts 10240 32768 --out $@
 results/bench/tpot_llama2_7b_h100.json: | install
@@ -382,6 +374,10 @@ results/bench/minference_layer_h100.json: | install
 results/bench/minference_cascade_layer_h100.json: | install
 	$(ANALYSIS) bench minference_cascade_layer_h100.json --force
 
+# python -m bench.every_method --model llama3 --weights random --cells 32768x1 131072x1 32768x8 --budget 4096 --warmup 3 --steps 12 --out $@
+results/bench/every_method_llama3_h100.json: | install
+	$(ANALYSIS) bench every_method_llama3_h100.json --force
+
 # python -m bench.bounded --model llama31_8b --weights random --caches 4096 32768 --context 1048576 --steps 32 --methods h2o tova streaming_llm --out $@
 results/bench/bounded_llama31_8b_h100.json: | install
 	$(ANALYSIS) bench bounded_llama31_8b_h100.json --force
@@ -397,26 +393,6 @@ results/bench/tactic_128k_h100.json: | install
 # python -m bench.engine --model llama3 --weights random --lengths 8192 32768 131072 --steps 32 --repeat 2 --out $@
 results/bench/engine_llama3_h100.json: | install
 	$(ANALYSIS) bench engine_llama3_h100.json --force
-
-# python -m bench.multigpu --model llama3_70b --contexts 32768 102400 --methods full tidal quest --budget 512 --devices 4 --out $@
-results/bench/multigpu_llama3_70b_h200x4.json: | install
-	$(ANALYSIS) bench multigpu_llama3_70b_h200x4.json --force
-
-# python -m bench.multigpu --model llama3 --contexts 524288 1048576 --methods full --devices 2 --out $@
-results/bench/multigpu_llama3_1m_h200x2.json: | install
-	$(ANALYSIS) bench multigpu_llama3_1m_h200x2.json --force
-
-# python -m bench.multigpu --model llama3 --contexts 524288 1048576 --methods full --devices 4 --out $@
-results/bench/multigpu_llama3_1m_h200x4.json: | install
-	$(ANALYSIS) bench multigpu_llama3_1m_h200x4.json --force
-
-# python -m bench.multigpu --model llama3 --contexts 262144 --methods full tidal quest --budget 512 --devices 1 --out $@
-results/bench/multigpu_llama3_256k_h200x1.json: | install
-	$(ANALYSIS) bench multigpu_llama3_256k_h200x1.json --force
-
-# python -m bench.multigpu --model llama3 --contexts 262144 --methods full tidal quest --budget 512 --devices 2 --out $@
-results/bench/multigpu_llama3_256k_h200x2.json: | install
-	$(ANALYSIS) bench multigpu_llama3_256k_h200x2.json --force
 
 # python -m bench.engine --lengths 4096 --steps 16 --repeat 1 --out $@
 results/bench/engine_smollm2_cpu.json: | install
