@@ -22,11 +22,11 @@ tables: install
 table%: install
 	$(ANALYSIS) table $* --paper $(PAPER) $(ANALYSIS_OPTS)
 
-# tidal.fig1: heatmap: top-k tokens per layer, one decode step  (not implemented yet: prints why and exits 2)
+# tidal.fig1: heatmap: top-k tokens per layer, one decode step  (GPU benchmark: renders results/bench/*.json; prints the GPU commands that write them)
 tidal-fig1: install
 	$(ANALYSIS) make tidal.fig1 $(ANALYSIS_OPTS)
 
-# tidal.fig3: (a) top-256 overlap between all layer pairs, (b) recall vs re-selection layer  (not implemented yet: prints why and exits 2)
+# tidal.fig3: (a) top-256 overlap between all layer pairs, (b) recall vs re-selection layer  (GPU benchmark: renders results/bench/*.json; prints the GPU commands that write them)
 tidal-fig3: install
 	$(ANALYSIS) make tidal.fig3 $(ANALYSIS_OPTS)
 
@@ -42,11 +42,11 @@ tidal-table2: install
 tidal-fig5: install
 	$(ANALYSIS) make tidal.fig5 $(ANALYSIS_OPTS)
 
-# tidal.table3: LongBench 8 tasks, K=1024/4096  (not implemented yet: prints why and exits 2)
+# tidal.table3: LongBench 8 tasks, K=1024/4096
 tidal-table3: install
 	$(ANALYSIS) make tidal.table3 $(ANALYSIS_OPTS)
 
-# tidal.table4: same as table3  (not implemented yet: prints why and exits 2)
+# tidal.table4: same as table3
 tidal-table4: install
 	$(ANALYSIS) make tidal.table4 $(ANALYSIS_OPTS)
 
@@ -274,6 +274,22 @@ harness-tpot: install
 harness-pareto: install
 	$(ANALYSIS) make harness.pareto $(ANALYSIS_OPTS)
 
+# python -m bench.tidal_topk fig1 --model smollm2 --out $@
+results/bench/tidal_topk_fig1_smollm2.json: | install
+	$(ANALYSIS) bench tidal_topk_fig1_smollm2.json --force
+
+# python -m bench.tidal_topk fig1 --model llama3 --hub-id meta-llama/Meta-Llama-3-8B-Instruct --dtype bfloat16 --out $@
+results/bench/tidal_topk_fig1_llama3.json: | install
+	$(ANALYSIS) bench tidal_topk_fig1_llama3.json --force
+
+# python -m bench.tidal_topk fig3 --model smollm2 --rounds 1 --out $@
+results/bench/tidal_topk_fig3_smollm2.json: | install
+	$(ANALYSIS) bench tidal_topk_fig3_smollm2.json --force
+
+# python -m bench.tidal_topk fig3 --model llama3 --haystack pg19 --length 100000 --rounds 10 --dtype bfloat16 --out $@
+results/bench/tidal_topk_fig3_llama3.json: | install
+	$(ANALYSIS) bench tidal_topk_fig3_llama3.json --force
+
 # python -m bench.tpot --model llama2_7b --weights random --contexts 10240 32768 --out $@
 results/bench/tpot_llama2_7b_h100.json: | install
 	$(ANALYSIS) bench tpot_llama2_7b_h100.json --force
@@ -393,6 +409,26 @@ results/bench/tactic_128k_h100.json: | install
 # python -m bench.engine --model llama3 --weights random --lengths 8192 32768 131072 --steps 32 --repeat 2 --out $@
 results/bench/engine_llama3_h100.json: | install
 	$(ANALYSIS) bench engine_llama3_h100.json --force
+
+# python -m bench.multigpu --model llama3_70b --contexts 32768 102400 --methods full tidal quest --budget 512 --devices 4 --out $@
+results/bench/multigpu_llama3_70b_h200x4.json: | install
+	$(ANALYSIS) bench multigpu_llama3_70b_h200x4.json --force
+
+# python -m bench.multigpu --model llama3 --contexts 524288 1048576 --methods full --devices 2 --out $@
+results/bench/multigpu_llama3_1m_h200x2.json: | install
+	$(ANALYSIS) bench multigpu_llama3_1m_h200x2.json --force
+
+# python -m bench.multigpu --model llama3 --contexts 524288 1048576 --methods full --devices 4 --out $@
+results/bench/multigpu_llama3_1m_h200x4.json: | install
+	$(ANALYSIS) bench multigpu_llama3_1m_h200x4.json --force
+
+# python -m bench.multigpu --model llama3 --contexts 262144 --methods full tidal quest --budget 512 --devices 1 --out $@
+results/bench/multigpu_llama3_256k_h200x1.json: | install
+	$(ANALYSIS) bench multigpu_llama3_256k_h200x1.json --force
+
+# python -m bench.multigpu --model llama3 --contexts 262144 --methods full tidal quest --budget 512 --devices 2 --out $@
+results/bench/multigpu_llama3_256k_h200x2.json: | install
+	$(ANALYSIS) bench multigpu_llama3_256k_h200x2.json --force
 
 # python -m bench.engine --lengths 4096 --steps 16 --repeat 1 --out $@
 results/bench/engine_smollm2_cpu.json: | install
