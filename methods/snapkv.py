@@ -31,7 +31,7 @@ from common.errors import ConfigError
 from methods.base import Method, register
 from methods.config import ChunkedPrefill, option
 from methods.parts.selection import top_first
-from methods.parts.stores import FullStore
+from methods.parts.stores_growing import GrowingStore
 
 
 @dataclass(frozen=True)
@@ -93,7 +93,7 @@ class SnapKV(Method):
     def setup(self, info, batch, max_len, device, dtype):
         self.info, self.batch, self.max_len = info, batch, max_len
         self.H = info.num_heads if self.cfg.heads == "query" else info.num_kv_heads
-        self.store = getattr(self, "store", None) or FullStore()
+        self.store = getattr(self, "store", None) or GrowingStore()
         # bounded by what the rule keeps: sized per prompt (`reserve`), never for the run per head
         self.store.allocate(info.num_layers, batch, self.H, min(max_len, self.keep_bound()), info.head_dim,
                             device, dtype)

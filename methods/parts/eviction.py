@@ -28,7 +28,7 @@ import torch
 
 import kernels
 from methods.base import Method
-from methods.parts.rope import ranks
+from methods.parts.rope_rows import apply_rows, ranks
 from methods.parts.stores import BoundedStore
 
 
@@ -87,7 +87,7 @@ class EvictionMethod(Method):
         S.put(layer, self.free[layer], k, v, position)
         keys = S.k[layer]
         if self.shifted:
-            keys = rope.apply_rows(keys, ranks(S.pos[layer], self.lengths.view(B, 1, 1).long()))
+            keys = apply_rows(rope, keys, ranks(S.pos[layer], self.lengths.view(B, 1, 1).long()))
             q = rope.apply(q, self.q_pos)
         else:
             q = rope.apply(q, position)
@@ -116,7 +116,7 @@ class EvictionMethod(Method):
         if self.shifted:  # old kept tokens at their ranks, the chunk right after them
             q_pos = positions - start + n_old
             q = rope.apply(q, q_pos)
-            rotated = rope.apply_rows(keys, ranks(pos, n_old + T))
+            rotated = apply_rows(rope, keys, ranks(pos, n_old + T))
         else:
             q = rope.apply(q, positions)
             rotated = keys

@@ -56,8 +56,7 @@ class Rope:
         """HF's table (emb = cat(freqs, freqs); cos, sin times attention_scaling) with float64 angles."""
         inv_freq = getattr(self.module, "inv_freq", None)
         if inv_freq is None or getattr(self.module, "rope_type", "default") == "longrope":
-            # longrope switches inv_freq with the length
-            from common.errors import ConfigError
+            from common.errors import ConfigError  # longrope switches inv_freq with the length
 
             raise ConfigError(f"this model's rotary embedding ({type(self.module).__name__}, rope_type "
                               f"{getattr(self.module, 'rope_type', '?')}) has no fixed inv_freq: positions "
@@ -77,19 +76,3 @@ class Rope:
             return rope(x, cos, sin)
         cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # broadcast over heads
         return (x * cos + rotate_half(x) * sin).to(x.dtype)
-
-    def apply_rows(self, x: torch.Tensor, positions: torch.Tensor, precise: bool = False) -> torch.Tensor:
-        """Rotate x [B, H, N, D] by per-row positions [B, H, N] (each head's kept keys at their own
-        positions: eviction's re-rotation at ranks, InfLLM's and LM-Infinite's per-token angles). One
-        cos/sin table for all rows, through `cos_sin` (so HF's rope variants and `precise` hold here too)."""
-        cos, sin = self.cos_sin(positions.reshape(1, -1), x, precise)
-        cos, sin = cos.view(*positions.shape, -1), sin.view(*positions.shape, -1)
-        return (x * cos + rotate_half(x) * sin).to(x.dtype)
-
-
-def ranks(pos: torch.Tensor, n_valid: torch.Tensor | int) -> torch.Tensor:
-    """In-cache positions of a bounded store: the rank of each slot's original position `pos`
-    [..., N] among the first n_valid slots (later slots rank after them)."""
-    slot = torch.arange(pos.shape[-1], device=pos.device)
-    keyed = torch.where(slot < n_valid, pos, torch.iinfo(torch.long).max)
-    return keyed.argsort(-1).argsort(-1)

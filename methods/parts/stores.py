@@ -26,21 +26,6 @@ class FullStore:
         self.v = torch.empty(shape, device=device, dtype=dtype)
         self.capacity = capacity
 
-    def grow(self, capacity: int) -> None:
-        """At least `capacity` slots, the filled ones kept (a store bounded by what a rule keeps, sized
-        when the rule knows it: SnapKV after the prompt). New tensors: the engine re-captures its graph."""
-        if capacity <= self.capacity:
-            return
-        shape = (*self.k.shape[:3], capacity, self.k.shape[4])
-        # normal tensors even when grown inside the engine's inference mode: like setup's, a later
-        # sample (or a test) may write them outside it
-        with torch.inference_mode(False), torch.no_grad():
-            for name in ("k", "v"):
-                old, new = getattr(self, name), self.k.new_empty(shape)
-                new[:, :, :, :self.capacity] = old
-                setattr(self, name, new)
-        self.capacity = capacity
-
     def write(self, layer: int, positions: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """k, v [B, Hkv, T, D] into the slots of `positions` [T] (a device tensor: no host int,
         so the same call serves prefill chunks and graph-captured decode steps)."""
