@@ -25,6 +25,12 @@ is not the per-row max of Cascading's GQA port). Two references, both reachable 
              the next step attends the `heavy` top-scored tokens only, the incoming token excluded,
              and no score is zeroed (its `score_mask[:, -0:] = 1` marks every slot).
 
+Prefill cost (issue 34): the rule needs every prompt token's column sum of post-softmax attention, which
+the fused prefill kernel does not expose; so a prefill is the dense attention (SDPA) plus
+`kernels.attention_mass`: one pass for the rows' log-sum-exp and one for the column sums, each a QK^T over
+the causal triangle without the PV product. Bound: at most 3 QK^T passes to full attention's one (measured
+3.2x full's prefill at 128K on an H200, issue 34). Not done: reusing the prefill kernel's LSE (one extra pass).
+
 Two classes share the score (`H2O.score`: the group's pooled attention): `H2O`, the real eviction, is
 its rule over the eviction base (methods/parts/eviction.py); `H2OSimulated` is a mask over a full
 store. `eviction` picks the class when the method is built (one registry name, one config).
