@@ -30,6 +30,7 @@ import kernels
 from common.errors import ConfigError
 from methods.base import Method, register
 from methods.config import ChunkedPrefill, option
+from methods.parts.eviction import kept_and_chunk
 from methods.parts.selection import top_first
 from methods.parts.stores_growing import GrowingStore
 
@@ -144,11 +145,10 @@ class SnapKV(Method):
             return out.view(q.shape[0], 1, -1)
         n_old = step.start - int(self.offset[layer])    # kept so far (host int: a prefill is never graphed)
         if n_old == 0:  # the first chunk attends its own KV heads (GQA): no copy per query head
-            keys, values = k, v
+            keys, values, k_pos = kept_and_chunk(S.k[layer, :, :, :0], S.v[layer, :, :, :0], k, v, step.positions)
         else:
-            keys = torch.cat([S.k[layer, :, :, :n_old], self.per_head(k)], 2)
-            values = torch.cat([S.v[layer, :, :, :n_old], self.per_head(v)], 2)
-        k_pos = torch.cat([torch.zeros(n_old, dtype=torch.long, device=q.device), step.positions])
+            keys, values, k_pos = kept_and_chunk(S.k[layer, :, :, :n_old], S.v[layer, :, :, :n_old],
+                                                 self.per_head(k), self.per_head(v), step.positions)
         out = kernels.prefill_attention(q, keys, values, self.info.scaling)  # [kept | chunk]: plain causal
         N = keys.shape[2]
         if N < self.cfg.budget:                         # SnapKV: a short prompt is kept whole

@@ -32,6 +32,19 @@ from methods.parts.rope_rows import apply_rows, ranks
 from methods.parts.stores import BoundedStore
 
 
+def kept_and_chunk(k_kept: torch.Tensor, v_kept: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                   positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The candidates of a prefill chunk: the previous chunks' survivors (k_kept, v_kept [B, H, n_old, D])
+    then the chunk (k, v [B, H, T, D]), and the key positions for `kernels.attention_mass`: the survivors
+    visible to every query (0), the chunk at its own `positions` [T]. Attention over the candidates is
+    then plain causal (survivors first), SDPA's fused path, without these positions."""
+    n_old = k_kept.shape[2]
+    k_pos = torch.cat([torch.zeros(n_old, dtype=torch.long, device=k.device), positions])
+    if n_old == 0:
+        return k, v, k_pos
+    return torch.cat([k_kept, k], 2), torch.cat([v_kept, v], 2), k_pos
+
+
 class EvictionMethod(Method):
     graph_safe = True  # decode: device lengths, per-head victim slots chosen on the device
     accumulate: ClassVar[bool] = False
@@ -109,8 +122,7 @@ class EvictionMethod(Method):
         S = self.store
         B, Hkv, T = q.shape[0], self.info.num_kv_heads, positions.numel()
         n_old = min(start, self.budget)              # what the previous chunks left (host int: never graphed)
-        keys = torch.cat([S.k[layer, :, :, :n_old], k], 2)
-        values = torch.cat([S.v[layer, :, :, :n_old], v], 2)
+        keys, values, _ = kept_and_chunk(S.k[layer, :, :, :n_old], S.v[layer, :, :, :n_old], k, v, positions)
         pos = torch.cat([S.pos[layer, :, :, :n_old], positions.view(1, 1, T).expand(B, Hkv, T)], 2)
         q_pos = positions
         if self.shifted:  # old kept tokens at their ranks, the chunk right after them
