@@ -135,8 +135,9 @@ class H2O(H2OScore, EvictionMethod):
     Config = H2OConfig
     accumulate = True  # scores summed over every query row and step, kept with the tokens
 
-    def __new__(cls, cfg):
-        if cls is H2O and (cfg if isinstance(cfg, H2OConfig) else H2OConfig.parse(cfg)).eviction == "simulated":
+    def __new__(cls, cfg=None):  # cfg None: copy/pickle protocols, which set the state themselves
+        if cls is H2O and cfg is not None and \
+                (cfg if isinstance(cfg, H2OConfig) else H2OConfig.parse(cfg)).eviction == "simulated":
             sim = object.__new__(H2OSimulated)  # not an H2O: Python skips H2O.__init__, so run its own
             sim.__init__(cfg)
             return sim
