@@ -29,7 +29,8 @@ MULTIGPU_CODE = ENGINE_CODE + ("bench/multigpu.py", "runners/pipeline.py", "runn
 HARNESS_FILES = [
     BenchFile("bounded_llama31_8b_h100.json", "python -m bench.bounded --model llama31_8b --weights random --caches "
               "4096 32768 --context 1048576 --steps 32 --methods h2o tova streaming_llm",
-              ENGINE_CODE + ("bench/bounded.py", "methods/h2o.py", "methods/tova.py", "methods/streaming_llm.py")),
+              ENGINE_CODE + ("bench/bounded.py", "methods/h2o.py", "methods/tova.py", "methods/parts/eviction.py",
+              "methods/parts/rope_rows.py", "methods/streaming_llm.py")),
     BenchFile("tactic_h100.json", "python -m bench.tactic --model llama31_8b --layers 4 --context 32768 --steps 32 "
               "--repeat 3 --budget 1024",
               TACTIC_CODE),

@@ -20,7 +20,20 @@ is not the per-row max of Cascading's GQA port). Two references, both reachable 
              the scripts use 0.1 each) or absolute; each later step attends heavy + recent tokens,
              the recent window counting the incoming token. The mask reproduces the reference's own
              bookkeeping: evicted tokens' scores are zeroed, the token leaving the window sits out
-             one step with its score kept and may return as a heavy hitter; recent = 0 never evicts.
+             one step with its score kept and may return as a heavy hitter. A recent window of 0
+             tokens (recent_ratio 0) is its own branch there: once more than `heavy` tokens are in,
+             the next step attends the `heavy` top-scored tokens only, the incoming token excluded,
+             and no score is zeroed (its `score_mask[:, -0:] = 1` marks every slot).
+
+Prefill cost (issue 34): the rule needs every prompt token's column sum of post-softmax attention, which
+the fused prefill kernel does not expose; so a prefill is the dense attention (SDPA) plus
+`kernels.attention_mass`: one pass for the rows' log-sum-exp and one for the column sums, each a QK^T over
+the causal triangle without the PV product. Bound: at most 3 QK^T passes to full attention's one (measured
+3.2x full's prefill at 128K on an H200, issue 34). Not done: reusing the prefill kernel's LSE (one extra pass).
+
+Two classes share the score (`H2O.score`: the group's pooled attention): `H2O`, the real eviction, is
+its rule over the eviction base (methods/parts/eviction.py); `H2OSimulated` is a mask over a full
+store. `eviction` picks the class when the method is built (one registry name, one config).
 """
 from __future__ import annotations
 
@@ -33,8 +46,8 @@ from common.errors import ConfigError, HarnessError
 from methods.base import Method, register
 from methods.config import ChunkedPrefill, option
 from methods.parts import selection
-from methods.parts.rope import rotate_half
-from methods.parts.stores import BoundedStore, FullStore
+from methods.parts.eviction import EvictionMethod
+from methods.parts.stores import FullStore
 
 
 @dataclass(frozen=True)
@@ -106,134 +119,61 @@ class H2OConfig(ChunkedPrefill):
         return {"budget": max(self.budget, context), "heavy_ratio": None, "recent_ratio": None}
 
 
-def rotate_at(rope, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
-    """x [B, H, N, D] rotated by per-row positions pos [B, H, N] (one cos/sin table for all rows)."""
-    cos, sin = rope.cos_sin(pos.reshape(1, -1), x)
-    cos, sin = cos.view(*pos.shape, -1), sin.view(*pos.shape, -1)
-    return (x * cos + rotate_half(x) * sin).to(x.dtype)
+class H2OScore:
+    """The score both H2O classes share: post-softmax attention [B, Hq, N] pooled over each KV group."""
 
-
-def ranks(pos: torch.Tensor, n_valid: torch.Tensor | int) -> torch.Tensor:
-    """In-cache positions: the rank of each slot's original position among the first n_valid slots."""
-    slot = torch.arange(pos.shape[-1], device=pos.device)
-    keyed = torch.where(slot < n_valid, pos, torch.iinfo(torch.long).max)
-    return keyed.argsort(-1).argsort(-1)
+    def score(self, probs: torch.Tensor) -> torch.Tensor:
+        return selection.group_reduce(probs, self.info.num_kv_heads, self.cfg.pool)
 
 
 @register
-class H2O(Method):
+class H2O(H2OScore, EvictionMethod):
+    """Real eviction (utils_real_drop): the rule is the accumulated score and the recent window; the
+    bounded store, [kept | chunk] prefill, top-budget keep and arg-min victim are the eviction base's."""
+
     name = "h2o"
     Config = H2OConfig
-    graph_safe = True  # real eviction: device lengths, per-head victim slots on the device
+    accumulate = True  # scores summed over every query row and step, kept with the tokens
+
+    def __new__(cls, cfg=None):  # cfg None: copy/pickle protocols, which set the state themselves
+        if cls is H2O and cfg is not None and \
+                (cfg if isinstance(cfg, H2OConfig) else H2OConfig.parse(cfg)).eviction == "simulated":
+            sim = object.__new__(H2OSimulated)  # not an H2O: Python skips H2O.__init__, so run its own
+            sim.__init__(cfg)
+            return sim
+        return super().__new__(cls)
 
     def __init__(self, cfg):
         super().__init__(cfg)
-        self.simulated = self.cfg.eviction == "simulated"
         self.shifted = self.cfg.positions == "shifted"
-        if self.simulated:
-            self.graph_safe = False  # budgets are fixed by the first forward's length (a host int)
+
+    def protected(self, pos, last):
+        return pos > last - self.cfg.window
+
+
+class H2OSimulated(H2OScore, Method):
+    """Simulated eviction (utils_hh): a full store and, per KV head, the next step's attended set."""
+
+    name = "h2o"
+    Config = H2OConfig
+    graph_safe = False  # budgets are fixed by the first forward's length (a host int)
 
     def setup(self, info, batch, max_len, device, dtype):
         self.info, self.batch = info, batch
         L, Hkv = info.num_layers, info.num_kv_heads
-        if self.simulated:
-            self.store = getattr(self, "store", None) or FullStore()
-            self.store.allocate(L, batch, Hkv, max_len, info.head_dim, device, dtype)
-            self.cap = max_len
-            # the next step's attended set per KV head: a prefix of `keep` whose size the first forward fixes
-            self.score = torch.zeros(L, batch, Hkv, max_len, device=device)
-            self.keep = torch.empty(L, batch, Hkv, max_len, dtype=torch.long, device=device)
-            self.count = torch.empty(L, batch, dtype=torch.int32, device=device)
-            return
-        self.cap = self.cfg.budget + 1
-        self.store = getattr(self, "store", None) or BoundedStore()
-        self.store.allocate(L, batch, Hkv, self.cap, info.head_dim, device, dtype)
-        self.free = torch.zeros(L, batch, Hkv, dtype=torch.long, device=device)
+        self.store = getattr(self, "store", None) or FullStore()
+        self.store.allocate(L, batch, Hkv, max_len, info.head_dim, device, dtype)
+        self.cap = max_len
+        # the next step's attended set per KV head: a prefix of `keep` whose size the first forward fixes
+        self.acc = torch.zeros(L, batch, Hkv, max_len, device=device)
+        self.keep = torch.empty(L, batch, Hkv, max_len, dtype=torch.long, device=device)
+        self.count = torch.empty(L, batch, dtype=torch.int32, device=device)
 
     def buffers(self):
-        if self.simulated:
-            return {**self.store.buffers(), "score": self.score, "keep": self.keep, "count": self.count}
-        return {**self.store.buffers(), "free": self.free}
+        return {**self.store.buffers(), "score": self.acc, "keep": self.keep, "count": self.count}
 
     def begin(self, step):
         super().begin(step)
-        if self.simulated:
-            return self._begin_simulated(step)
-        # tokens present once this step's token is in: a prefix of the slots
-        self.lengths = torch.clamp(step.positions[-1:] + 1, max=self.cap).to(torch.int32).expand(self.batch).contiguous()
-        # shifted: the query sits at the cache length (its own rank), every slot at its rank
-        self.q_pos = torch.clamp(step.positions, max=self.cap - 1)
-
-    def attend(self, layer, q, k, v, rope):
-        if self.simulated:
-            return self._attend_simulated(layer, q, k, v, rope)
-        step = self.step
-        if not self.shifted:
-            k = rope.apply(k, step.positions)
-        if step.phase == "decode":
-            return self._decode(layer, q, k, v, step.positions, rope)
-        return self._prefill(layer, q, k, v, step.positions, step.start, rope)
-
-    # --- real eviction -----------------------------------------------------------------------------
-    def _decode(self, layer, q, k, v, position, rope):
-        S, c, B = self.store, self.cfg, q.shape[0]
-        S.put(layer, self.free[layer], k, v, position)
-        keys = S.k[layer]
-        if self.shifted:
-            keys = rotate_at(rope, keys, ranks(S.pos[layer], self.lengths.view(B, 1, 1).long()))
-            q = rope.apply(q, self.q_pos)
-        else:
-            q = rope.apply(q, position)
-        out, probs = kernels.decode_attention_mass(q[:, :, 0].contiguous(), keys, S.v[layer], self.lengths,
-                                                   self.info.scaling, max_length=self.cap)
-        S.score[layer] += selection.group_reduce(probs, self.info.num_kv_heads, c.pool)
-        self.record(layer, self.lengths)
-        # Full (budget + 1 tokens): the lowest-scored token outside the recent window leaves and its
-        # slot takes the next token; otherwise the next token takes the next empty slot.
-        protected = S.pos[layer] > position - c.window
-        victim = torch.where(protected, float("inf"), S.score[layer]).argmin(-1)
-        full = (self.lengths == self.cap).view(B, 1)
-        self.free[layer] = torch.where(full, victim, self.lengths.view(B, 1).long())
-        return out.view(B, 1, -1)
-
-    def _prefill(self, layer, q, k, v, positions, start, rope):
-        S, c = self.store, self.cfg
-        B, Hkv, T = q.shape[0], self.info.num_kv_heads, positions.numel()
-        n_old = min(start, c.budget)                 # what the previous chunks left (host int: never graphed)
-        keys = torch.cat([S.k[layer, :, :, :n_old], k], 2)
-        values = torch.cat([S.v[layer, :, :, :n_old], v], 2)
-        pos = torch.cat([S.pos[layer, :, :, :n_old], positions.view(1, 1, T).expand(B, Hkv, T)], 2)
-        q_pos = positions
-        if self.shifted:  # old kept tokens at their ranks, the chunk right after them
-            q_pos = positions - start + n_old
-            q = rope.apply(q, q_pos)
-            rotated = rotate_at(rope, keys, ranks(pos, n_old + T))
-        else:
-            q = rope.apply(q, positions)
-            rotated = keys
-        k_pos = torch.cat([torch.zeros(n_old, dtype=torch.long, device=q.device), q_pos])  # old: all visible
-        # the kept tokens precede the chunk: [kept | chunk] is plain causal attention, SDPA's fused path
-        # without the [T, n_old + T] mask that k_pos spells out (the mass below needs it: no fused path)
-        out = kernels.prefill_attention(q, rotated, values, self.info.scaling)
-        mass = kernels.attention_mass(q, rotated, self.info.scaling, q_pos=q_pos, k_pos=k_pos)
-        score = torch.cat([S.score[layer, :, :, :n_old], torch.zeros(B, Hkv, T, device=q.device)], 2)
-        score = score + selection.group_reduce(mass, Hkv, c.pool)
-        index = self.keep_index(score, pos, positions[-1])
-        S.keep(layer, index, keys, values, pos, score)
-        self.free[layer] = index.shape[-1]
-        return out
-
-    def keep_index(self, score: torch.Tensor, pos: torch.Tensor, last: torch.Tensor) -> torch.Tensor:
-        """The selection rule after a prefill chunk: candidate indices [B, Hkv, min(N, budget)] to keep:
-        every candidate in the recent window, then the highest scores (sorted by position)."""
-        c = self.cfg
-        n = min(score.shape[-1], c.budget)
-        ranked = torch.where(pos > last - c.window, float("inf"), score)
-        index = ranked.topk(n, dim=-1).indices
-        return index.gather(-1, pos.gather(-1, index).argsort(-1))
-
-    # --- simulated eviction (utils_hh) -----------------------------------------------------------------
-    def _begin_simulated(self, step):
         if step.start > 0 and step.phase != "decode":
             raise HarnessError("h2o eviction=simulated: a second prefill chunk; utils_hh reads the prompt in one "
                                "forward (use eviction=real for streamed prompts)")
@@ -243,17 +183,19 @@ class H2O(Method):
                 self.heavy, self.recent = int(c.heavy_ratio * T), int(c.recent_ratio * T)
             else:
                 self.heavy, self.recent = c.budget - c.window, c.window
-            # recent = 0 never evicts in the reference; nor does a budget covering the whole store
-            self.evicts = self.recent > 0 and self.heavy + self.recent < self.cap
+            if self.heavy + self.recent == 0:
+                raise HarnessError(f"h2o eviction=simulated: heavy + recent = 0 tokens for a {T}-token prompt "
+                                   "(utils_hh would attend nothing); raise heavy_ratio/recent_ratio")
+            # a budget covering the whole store never evicts (recent = 0 does: the heavy tokens alone)
+            self.evicts = self.heavy + self.recent < self.cap
             self.K = self.heavy + self.recent + 1 if self.evicts else self.cap
             keep = self.keep[..., :self.K]
             keep.copy_(torch.arange(self.K, device=keep.device).expand_as(keep))  # a first decode: token 0 alone
             self.count.fill_(1)
-            self.score.zero_()
+            self.acc.zero_()
 
-    def _attend_simulated(self, layer, q, k, v, rope):
-        step, S, c = self.step, self.store, self.cfg
-        B, Hkv = q.shape[0], self.info.num_kv_heads
+    def attend(self, layer, q, k, v, rope):
+        step, S, B = self.step, self.store, q.shape[0]
         q = rope.apply(q, step.positions)
         S.write(layer, step.positions, rope.apply(k, step.positions), v)
         if step.phase == "decode":
@@ -262,34 +204,35 @@ class H2O(Method):
             out, probs = kernels.decode_attention_mass(q[:, :, 0].contiguous(), S.k[layer].gather(2, rows),
                                                        S.v[layer].gather(2, rows), n, self.info.scaling,
                                                        max_length=idx.shape[-1])
-            self.score[layer].scatter_add_(2, idx, selection.group_reduce(probs, Hkv, c.pool))
+            self.acc[layer].scatter_add_(2, idx, self.score(probs))
             self.record(layer, n)
             out = out.view(B, 1, -1)
         else:
             keys, values = S.view(layer, step.end)
             out = kernels.prefill_attention(q, keys, values, self.info.scaling)
             mass = kernels.attention_mass(q, keys, self.info.scaling)
-            self.score[layer, :, :, :step.end] = selection.group_reduce(mass, Hkv, c.pool)
+            self.acc[layer, :, :, :step.end] = self.score(mass)
         self._next_keep(layer, step.positions[-1:] + 1)
         return out
 
     def _next_keep(self, layer: int, n: torch.Tensor) -> None:
         """utils_hh's mask for the next step once `n` (device [1]) tokens are in: if n > heavy + recent,
         the top `heavy` scores among positions < n - recent plus positions n + 1 - recent .. n (the
-        next token included); scores outside the mask and before n - recent are zeroed."""
+        next token included; none when recent = 0); scores outside the mask and before n - recent are
+        zeroed (none when recent = 0: the reference's `score_mask[:, -0:]` is every slot)."""
         K, dev = self.K, self.keep.device
         every = torch.arange(K, device=dev).expand(self.batch, self.info.num_kv_heads, K)
         if not self.evicts:
             self.keep[layer, :, :, :K] = every
             self.count[layer] = (n + 1).clamp(max=K).to(torch.int32).expand(self.batch)
             return
-        H, R, sc = self.heavy, self.recent, self.score[layer]
+        H, R, sc = self.heavy, self.recent, self.acc[layer]
         pos = torch.arange(self.cap, device=dev)
         heavy = torch.where(pos < n - R, sc, float("-inf")).topk(H, dim=-1).indices
         recent = (n + 1 - R + torch.arange(R, device=dev)).clamp(max=self.cap - 1).expand(*heavy.shape[:2], R)
-        chosen = torch.cat([heavy, recent, recent[..., -1:]], -1)
+        chosen = torch.cat([heavy, recent, heavy.new_zeros(*heavy.shape[:2], K - H - R)], -1)  # pad: never read
         evict = n > H + R
         self.keep[layer, :, :, :K] = torch.where(evict, chosen, every)
         self.count[layer] = torch.where(evict, H + R, (n + 1).clamp(max=K)).to(torch.int32).expand(self.batch)
-        kept = torch.zeros_like(sc, dtype=torch.bool).scatter(-1, heavy, True) | (pos >= n - R)
-        self.score[layer] = torch.where(evict & ~kept, 0.0, sc)
+        kept = torch.zeros_like(sc, dtype=torch.bool).scatter(-1, heavy, True) | (pos >= n - R if R else True)
+        self.acc[layer] = torch.where(evict & ~kept, 0.0, sc)

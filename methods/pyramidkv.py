@@ -38,6 +38,10 @@ class PyramidKV(SnapKV):
     name = "pyramidkv"
     Config = PyramidKVConfig
 
+    def keep_bound(self) -> int:
+        """The lowest layer keeps at most 2 (C - w) - min before the window, below 2 (C - w)."""
+        return max(self.cfg.budget, 2 * (self.cfg.budget - self.cfg.window) + self.cfg.window)
+
     def prefix_keep(self, layer: int, n_prefix: int) -> int:
         c, L = self.cfg, self.info.num_layers
         C, w, n = c.budget, c.window, n_prefix + c.window

@@ -14,8 +14,10 @@ one set per KV head (`heads=kv_group`; its window default is 64).
 
 Prompt in chunks (prefill_chunk): the rule is applied after every chunk to the cache plus the chunk,
 with that chunk's last queries as the window (a generalisation; the reference sees one forward).
-Keys keep their original positions. Storage is preallocated for the run's length (the dense prefill
-holds the whole prompt anyway); decode reads only the kept prefix.
+Keys keep their original positions. Storage is bounded by what the rule keeps (issue 34): per store
+head, min(prompt, budget) + the tokens the run may still add, sized once the prompt is in; a first
+chunk attends its own KV heads (GQA) and the kept rows are gathered through a stride-0 view, so a
+long prompt is never copied per query head. Decode reads only the kept prefix.
 """
 from __future__ import annotations
 
@@ -28,8 +30,9 @@ import kernels
 from common.errors import ConfigError
 from methods.base import Method, register
 from methods.config import ChunkedPrefill, option
+from methods.parts.eviction import kept_and_chunk
 from methods.parts.selection import top_first
-from methods.parts.stores import FullStore
+from methods.parts.stores_growing import GrowingStore
 
 
 @dataclass(frozen=True)
@@ -71,6 +74,16 @@ class SnapKVConfig(ChunkedPrefill):
         return {"budget": max(self.budget, context + 1)}
 
 
+def gather_heads(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """Rows `index` [B, H, n] of x [B, Hx, N, D], H a multiple of Hx (query head h reads KV head
+    h // (H / Hx)): the repeat is a stride-0 view, so a long prompt's KV is never copied per query head."""
+    B, Hx, N, D = x.shape
+    H, n = index.shape[1], index.shape[2]
+    g = H // Hx
+    rows = index.view(B, Hx, g, n, 1).expand(B, Hx, g, n, D)
+    return x.unsqueeze(2).expand(B, Hx, g, N, D).gather(3, rows).reshape(B, H, n, D)
+
+
 @register
 class SnapKV(Method):
     name = "snapkv"
@@ -79,10 +92,13 @@ class SnapKV(Method):
     decode_idempotent = True  # a decode step writes only its own slot (the offset moves in prefill only)
 
     def setup(self, info, batch, max_len, device, dtype):
-        self.info, self.batch = info, batch
+        self.info, self.batch, self.max_len = info, batch, max_len
         self.H = info.num_heads if self.cfg.heads == "query" else info.num_kv_heads
-        self.store = getattr(self, "store", None) or FullStore()
-        self.store.allocate(info.num_layers, batch, self.H, max_len, info.head_dim, device, dtype)
+        self.store = getattr(self, "store", None) or GrowingStore()
+        # bounded by what the rule keeps: sized per prompt (`reserve`), never for the run per head
+        self.store.allocate(info.num_layers, batch, self.H, min(max_len, self.keep_bound()), info.head_dim,
+                            device, dtype)
+        self.prompt = 0
         # per layer: position - slot of the tokens written after the prompt (what compression removed)
         if getattr(self, "offset", None) is None or self.offset.device != torch.device(device):
             self.offset = torch.zeros(info.num_layers, dtype=torch.long, device=device)
@@ -91,6 +107,26 @@ class SnapKV(Method):
     def buffers(self):
         return {**self.store.buffers(), "offset": self.offset}
 
+    def keep_bound(self) -> int:
+        """Most prompt tokens any layer keeps once the prompt exceeds it (PyramidKV's lowest layer keeps more)."""
+        return self.cfg.budget
+
+    def reserve(self, prompt: int) -> None:
+        """Storage for a prompt of `prompt` tokens and every token the run may add after it: at most
+        min(prompt, keep_bound) + (max_len - prompt) slots per head (host ints, outside any graph)."""
+        self.store.grow(min(prompt, self.keep_bound()) + self.max_len - prompt)
+
+    def before_decode(self, seq_len):
+        self.reserve(self.prompt or seq_len)
+
+    def begin(self, step):
+        super().begin(step)
+        if step.phase != "decode":
+            self.prompt = step.end
+            self.store.grow(min(step.end, self.keep_bound()))  # this chunk's survivors
+        elif not step.graphed:                                  # driven without the engine's before_decode
+            self.reserve(self.prompt or step.start)
+
     def per_head(self, x: torch.Tensor) -> torch.Tensor:
         """KV heads -> the store's heads (repeated per query head for heads=query)."""
         return x.repeat_interleave(self.H // x.shape[1], 1) if self.H != x.shape[1] else x
@@ -98,28 +134,29 @@ class SnapKV(Method):
     def attend(self, layer, q, k, v, rope):
         step, S = self.step, self.store
         q = rope.apply(q, step.positions)
-        k, v = self.per_head(rope.apply(k, step.positions)), self.per_head(v)
+        k = rope.apply(k, step.positions)
         if step.phase == "decode":
             slot = step.positions - self.offset[layer]
-            S.write(layer, slot, k, v)
+            S.write(layer, slot, self.per_head(k), self.per_head(v))
             lengths = (slot + 1).to(torch.int32).expand(q.shape[0]).contiguous()
             self.record(layer, lengths)
             out = kernels.decode_attention(q[:, :, 0].contiguous(), S.k[layer], S.v[layer], lengths,
                                            self.info.scaling, max_length=S.capacity)
             return out.view(q.shape[0], 1, -1)
         n_old = step.start - int(self.offset[layer])    # kept so far (host int: a prefill is never graphed)
-        keys = torch.cat([S.k[layer, :, :, :n_old], k], 2)
-        values = torch.cat([S.v[layer, :, :, :n_old], v], 2)
-        k_pos = torch.cat([torch.zeros(n_old, dtype=torch.long, device=q.device), step.positions])
+        if n_old == 0:  # the first chunk attends its own KV heads (GQA): no copy per query head
+            keys, values, k_pos = kept_and_chunk(S.k[layer, :, :, :0], S.v[layer, :, :, :0], k, v, step.positions)
+        else:
+            keys, values, k_pos = kept_and_chunk(S.k[layer, :, :, :n_old], S.v[layer, :, :, :n_old],
+                                                 self.per_head(k), self.per_head(v), step.positions)
         out = kernels.prefill_attention(q, keys, values, self.info.scaling)  # [kept | chunk]: plain causal
         N = keys.shape[2]
         if N < self.cfg.budget:                         # SnapKV: a short prompt is kept whole
-            S.k[layer, :, :, n_old:N], S.v[layer, :, :, n_old:N] = k, v
+            S.k[layer, :, :, n_old:N], S.v[layer, :, :, n_old:N] = self.per_head(k), self.per_head(v)
             return out
         index = self.select(layer, q, keys, step.positions, k_pos)
-        rows = index.unsqueeze(-1).expand(-1, -1, -1, keys.shape[-1])
         n = index.shape[-1]
-        S.k[layer, :, :, :n], S.v[layer, :, :, :n] = keys.gather(2, rows), values.gather(2, rows)
+        S.k[layer, :, :, :n], S.v[layer, :, :, :n] = gather_heads(keys, index), gather_heads(values, index)
         self.offset[layer] = step.end - n
         return out
 

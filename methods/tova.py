@@ -16,10 +16,9 @@ from dataclasses import dataclass
 
 import torch
 
-import kernels
-from methods.base import Method, register
+from methods.base import register
 from methods.config import ChunkedPrefill, option
-from methods.parts.stores import BoundedStore
+from methods.parts.eviction import EvictionMethod
 
 
 @dataclass(frozen=True)
@@ -49,65 +48,18 @@ class TOVAConfig(ChunkedPrefill):
 
 
 @register
-class TOVA(Method):
+class TOVA(EvictionMethod):
+    """The rule: the current query's attention, averaged over the heads (all, or each KV group); nothing
+    protected, nothing accumulated; a prefill chunk is ranked by its last query. The rest (the bounded
+    store, [kept | chunk] prefill, top-budget keep, arg-min victim) is methods/parts/eviction.py."""
+
     name = "tova"
     Config = TOVAConfig
-    graph_safe = True  # decode: device lengths, victim slots chosen on the device
-
-    def setup(self, info, batch, max_len, device, dtype):
-        self.info, self.batch = info, batch
-        self.cap = self.cfg.budget + 1
-        self.store = getattr(self, "store", None) or BoundedStore()
-        self.store.allocate(info.num_layers, batch, info.num_kv_heads, self.cap, info.head_dim, device, dtype)
-        self.free = torch.zeros(info.num_layers, batch, info.num_kv_heads, dtype=torch.long, device=device)
-
-    def buffers(self):
-        return {**self.store.buffers(), "free": self.free}
-
-    def begin(self, step):
-        super().begin(step)
-        self.lengths = torch.clamp(step.positions[-1:] + 1, max=self.cap).to(torch.int32).expand(self.batch).contiguous()
+    score_rows = "last"  # TOVACache.reduce ranks by attn[:, :, -1, :]
 
     def score(self, probs: torch.Tensor) -> torch.Tensor:
-        """Attention of one query [B, Hq, N] -> the eviction score per KV head [B, Hkv, N]."""
         B, Hq, N = probs.shape
         Hkv = self.info.num_kv_heads
         if self.cfg.heads == "shared":
             return probs.mean(1, keepdim=True).expand(B, Hkv, N)
         return probs.view(B, Hkv, Hq // Hkv, N).mean(2)
-
-    def attend(self, layer, q, k, v, rope):
-        step = self.step
-        q = rope.apply(q, step.positions)
-        k = rope.apply(k, step.positions)
-        S, B = self.store, q.shape[0]
-        if step.phase == "decode":
-            S.put(layer, self.free[layer], k, v, step.positions)
-            out, probs = kernels.decode_attention_mass(q[:, :, 0].contiguous(), S.k[layer], S.v[layer], self.lengths,
-                                                       self.info.scaling, max_length=self.cap)
-            self.record(layer, self.lengths)
-            # Full (budget + 1 tokens): the lowest-scored slot leaves and takes the next token.
-            victim = self.score(probs).argmin(-1)
-            full = (self.lengths == self.cap).view(B, 1)
-            self.free[layer] = torch.where(full, victim, self.lengths.view(B, 1).long())
-            return out.view(B, 1, -1)
-        return self._prefill(layer, q, k, v, step.positions, step.start)
-
-    def _prefill(self, layer, q, k, v, positions, start):
-        S, Hkv, T = self.store, self.info.num_kv_heads, positions.numel()
-        B = q.shape[0]
-        n_old = min(start, self.cfg.budget)          # what the previous chunks left (host int: never graphed)
-        keys = torch.cat([S.k[layer, :, :, :n_old], k], 2)
-        values = torch.cat([S.v[layer, :, :, :n_old], v], 2)
-        k_pos = torch.cat([torch.zeros(n_old, dtype=torch.long, device=q.device), positions])  # old: all visible
-        out = kernels.prefill_attention(q, keys, values, self.info.scaling)  # [kept | chunk]: plain causal
-        # The chunk's last query ranks every candidate (TOVACache.reduce on attn[:, :, -1, :]).
-        probs = kernels.attention_mass(q[:, :, -1:], keys, self.info.scaling, q_pos=positions[-1:], k_pos=k_pos)
-        pos = torch.cat([S.pos[layer, :, :, :n_old], positions.view(1, 1, T).expand(B, Hkv, T)], 2)
-        score = self.score(probs)
-        n = min(score.shape[-1], self.cfg.budget)
-        index = score.topk(n, dim=-1).indices
-        index = index.gather(-1, pos.gather(-1, index).argsort(-1))  # kept in position order
-        S.keep(layer, index, keys, values, pos, torch.zeros_like(score))
-        self.free[layer] = n
-        return out

@@ -5,7 +5,9 @@ Per method and per variant its config declares (`Config.variants`), on tiny rand
 models: budget >= context equals full attention (where `Config.full_equivalent` defines it); bad
 options are refused in one line; stats and semantics serialise; a method object reused across
 samples, its buffers filled with NaN in between, gives what a fresh one gives (nothing stale leaks,
-unwritten slots are masked); every tensor a decode step keeps or mutates is declared in `buffers()`.
+unwritten slots are masked); every tensor a decode step keeps or mutates is declared in `buffers()`;
+some variant of each method (all but full) attends fewer tokens than it has seen, so the sparse path is
+what the other checks test.
 The CUDA-graph and kernel-path checks are in tests/test_methods_gpu.py."""
 from __future__ import annotations
 
@@ -117,6 +119,37 @@ def test_stats_and_semantics_serialise(name, variant):
     stats = json.loads(json.dumps(method.stats()))
     assert len(stats["attended_per_layer"]) == model.config.num_hidden_layers
     assert all(0 < n <= TOTAL for n in stats["attended_per_layer"].values())
+
+
+# The dense baseline attends every token by definition; every other method must show its sparse path.
+DENSE = {"full": "the dense baseline"}
+# Sparse in the prefill only, dense decode as its paper: its sparse path shows as a prefill that differs
+# from full attention's (decode-time `record` counts cannot show it).
+PREFILL_SPARSE = {"minference": "sparse prefill patterns, dense decode (MInference)"}
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_a_variant_attends_fewer_tokens_than_seen(name):
+    """Issue 36: a method tested only at a budget it never reaches passes every check above with a broken
+    sparse path. Some variant of each method must attend, at the last decode step of these sequences
+    (TOTAL tokens seen), fewer tokens than it has seen: so its eviction or selection runs in every test."""
+    if name in DENSE:
+        pytest.skip(DENSE[name])
+    model = tiny_model(6)
+    info = ModelInfo.from_hf_config(model.config)
+    attended, ref = [], run(model, build(OmegaConf.create({"name": "full"}), info), ids_for(2))
+    for variant in range(len(REGISTRY.get(name).Config.variants())):
+        method = build(OmegaConf.create(cfg_of(name, variant)), info)
+        got = run(model, method, ids_for(2))
+        if name in PREFILL_SPARSE:
+            attended.append(f"prefill logits differ from full's by {(got - ref)[:, 0].abs().max().item():.1e}")
+            if (got - ref)[:, 0].abs().max().item() > 1e-4:
+                return
+            continue
+        attended.append(method.stats()["attended_mean"])
+        if attended[-1] < TOTAL:
+            return
+    pytest.fail(f"{name}: every variant attends all {TOTAL} tokens seen ({attended}): add one whose budget binds")
 
 
 def _poisoned_rerun(method, cfg_or_cls, info, model) -> tuple[torch.Tensor, torch.Tensor]:

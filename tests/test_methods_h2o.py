@@ -90,6 +90,47 @@ def test_kept_tokens_and_outputs_match_simulation(budget, recent, pool, position
                     assert full_cache == kept[layer, b, h], (a, layer, b, h)
 
 
+def _utils_hh_mask(scores: torch.Tensor, heavy: int, recent: int) -> torch.Tensor:
+    """The next step's attention mask [H, n + 1] from the accumulated scores [H, n], transcribed from
+    FMInference/H2O h2o_hf/utils_hh/modify_llama.py (LlamaAttention_heavy_hitter.forward), branches kept:
+    with recent_budget == 0 every slot is masked (the incoming token's included) before the heavy
+    hitters are switched back on."""
+    attn_mask = torch.ones(scores.shape[0], scores.shape[1] + 1, dtype=torch.bool)
+    if scores.shape[-1] > heavy + recent:              # attn_tokens_all > self.cache_budget
+        if recent != 0:
+            attn_mask[:, :-recent] = False
+            selected_set = scores[:, :-recent]
+        else:
+            attn_mask[:, :] = False
+            selected_set = scores
+        if heavy != 0:
+            attn_mask = attn_mask.scatter(-1, selected_set.topk(k=heavy, dim=-1, largest=True).indices, True)
+    return attn_mask
+
+
+def _utils_hh_score_mask(attn_mask: torch.Tensor, recent: int) -> torch.Tensor:
+    """utils_hh: `score_mask = attn_mask[:, :-1]; score_mask[:, -self.recent_budget:] = 1` (for a recent
+    budget of 0 the slice `-0:` is every slot: no score is zeroed)."""
+    score_mask = attn_mask[:, :-1].clone()
+    score_mask[:, -recent:] = True
+    return score_mask
+
+
+def test_simulated_recent_zero_attends_the_heavy_tokens_only():
+    """Issue 36: heavy_ratio 0.3, recent_ratio 0, a 30-token prompt: utils_hh attends the 9 heavy tokens
+    alone (the incoming token masked too), not all 31."""
+    model = tiny("llama")
+    rope = rope_for(model)
+    method, info = make({"name": "h2o", "eviction": "simulated", "heavy_ratio": 0.3, "recent_ratio": 0.0}, model)
+    d = Driver(method, info, rope, max_len=34)
+    d.step(30, "prefill")
+    d.step(1, "decode")
+    assert method.stats()["attended_mean"] == 9
+    for layer in range(info.num_layers):
+        keep = method.keep[layer, :, :, :9]
+        assert int(method.count[layer, 0]) == 9 and not (keep == 30).any()
+
+
 @pytest.mark.parametrize("cfg,pool", [({"budget": 12, "recent": 5}, "sum"), ({"budget": 9, "recent": 1}, "mean"),
                                       ({"heavy_ratio": 0.2, "recent_ratio": 0.15}, "sum"),
                                       ({"heavy_ratio": 0.3, "recent_ratio": 0.0}, "sum")])
@@ -132,15 +173,9 @@ def test_simulated_mask_matches_utils_hh(cfg, pool):
                 cur = pooled(probs[b].sum(1))                      # [Hkv, n]
                 if phase == "decode":
                     cur[:, :-1] += prev[layer, b]
-                m = torch.ones(Hkv, n + 1, dtype=torch.bool)
-                if n > heavy + recent and recent != 0:
-                    m[:, :-recent] = False
-                    if heavy:
-                        m.scatter_(-1, cur[:, :-recent].topk(heavy, -1).indices, True)
+                m = _utils_hh_mask(cur, heavy, recent)
                 nxt[layer, b] = m
-                score_mask = m[:, :-1].clone()
-                score_mask[:, n - recent:] = True
-                prev[layer, b] = cur * score_mask
+                prev[layer, b] = cur * _utils_hh_score_mask(m, recent)
                 got_n = int(method.count[layer, b])
                 for h in range(Hkv):
                     if n < T0 + n_dec:  # after the last step there is no next slot to attend
@@ -163,7 +198,7 @@ def test_simulated_bookkeeping_matches_utils_hh(heavy, recent):
     method.setup(info, 1, T0 + steps, torch.device("cpu"), torch.float32)
     method.begin(Step("prefill", 0, T0, torch.arange(T0)))
     method.heavy, method.recent = heavy, recent                    # budgets as utils_hh would fix them
-    method.evicts = recent > 0 and heavy + recent < method.cap
+    method.evicts = heavy + recent < method.cap
     method.K = heavy + recent + 1 if method.evicts else method.cap
     gen = torch.Generator().manual_seed(0)
     prev, mask = None, torch.ones(2, T0, dtype=torch.bool)
@@ -172,17 +207,11 @@ def test_simulated_bookkeeping_matches_utils_hh(heavy, recent):
         cur = att.clone()
         if prev is not None:
             cur[:, :-1] += prev
-        method.score[0, 0, :, :n] += att
-        m = torch.ones(2, n + 1, dtype=torch.bool)
-        if n > heavy + recent and recent != 0:
-            m[:, :-recent] = False
-            if heavy:
-                m.scatter_(-1, cur[:, :-recent].topk(heavy, -1).indices, True)
-        score_mask = m[:, :-1].clone()
-        score_mask[:, n - recent:] = True
-        prev, mask = cur * score_mask, m
+        method.acc[0, 0, :, :n] += att
+        m = _utils_hh_mask(cur, heavy, recent)
+        prev, mask = cur * _utils_hh_score_mask(m, recent), m
         method._next_keep(0, torch.tensor([n]))
-        assert torch.allclose(method.score[0, 0, :, :n], prev), n
+        assert torch.allclose(method.acc[0, 0, :, :n], prev), n
         for h in range(2):
             got = sorted(method.keep[0, 0, h, :int(method.count[0, 0])].tolist())
             assert got == m[h].nonzero().flatten().tolist(), (n, h)
