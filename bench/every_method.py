@@ -5,7 +5,7 @@ full attention measured in the same process, prefill seconds and peak GPU memory
     python -m bench.every_method --out results/bench/every_method_llama3_h100.json
 
 No hand-written method list: the registry is iterated (`methods.REGISTRY`), each method with its YAML
-defaults and its budget option set to --budget (bench/floors.py BUDGET_KNOB: budget, cache_size,
+defaults and its budget option set to --budget (methods/parts/budget.py BUDGET_KNOB: budget, cache_size,
 local_branch, n_local; Tactic in top-k mode). A method whose `heads: auto` file does not exist for
 the model (DuoAttention, LycheeDecode on Llama-3-8B) runs with --random-heads (`random:0:24`: layer 0's
 KV heads for LycheeDecode, which forces them, plus 24 drawn at random, the paper's 32 of 256; random
@@ -136,7 +136,7 @@ def main(argv=None):
     ap.add_argument("--weights", default="random", choices=["pretrained", "random"])
     ap.add_argument("--cells", nargs="+", default=["32768x1", "131072x1", "32768x8"],
                     help="CONTEXTxBATCH, run in this order")
-    ap.add_argument("--budget", type=int, default=4096, help="tokens per head (bench/floors.py BUDGET_KNOB)")
+    ap.add_argument("--budget", type=int, default=4096, help="tokens per head (methods/parts/budget.py BUDGET_KNOB)")
     ap.add_argument("--methods", nargs="+", default=None, help="a subset (default: every registered method)")
     ap.add_argument("--random-heads", default="random:0:24")
     ap.add_argument("--warmup", type=int, default=3)

@@ -31,6 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from methods import ModelInfo
+from methods.parts.budget import BUDGET_KNOB, KNOB_NOTE  # noqa: F401 (re-exported: one place, below analysis)
 
 H100_BANDWIDTH = 3.0e12          # bytes/s, when none was measured in the same run
 
@@ -187,20 +188,6 @@ ROWS: dict[str, Callable[..., Rows]] = {
 }
 
 # The option(s) that set a method's token budget K (tokens per head); {} = dense decode, no budget.
-BUDGET_KNOB: dict[str, Callable[[int], dict]] = {
-    "full": lambda k: {}, "minference": lambda k: {},
-    **{n: (lambda k: {"budget": k}) for n in ("quest", "tidal", "h2o", "tova", "snapkv", "pyramidkv", "bigbird",
-                                               "truncate", "lychee", "streaming_llm", "duo")},
-    "cascade": lambda k: {"cache_size": k}, "minference_cascade": lambda k: {"cache_size": k},
-    "lm_infinite": lambda k: {"local_branch": k},
-    **{n: (lambda k: {"n_local": k, "exc_block_size": min(512, k)}) for n in ("infllm", "ltri")},
-    "tactic": lambda k: {"mode": "topk", "budget": k},
-}
-KNOB_NOTE = ("budget K = tokens per head: `budget` (Quest, TidalDecode, H2O, TOVA, SnapKV, PyramidKV, BigBird, "
-             "truncate, LycheeDecode, StreamingLLM, DuoAttention's streaming heads), `cache_size` (Cascade, "
-             "MInference+Cascade), `local_branch` (LM-Infinite), `n_local` (InfLLM, Ltri-LLM: plus their "
-             "n_init sinks and topk retrieved blocks), Tactic in top-k mode with `budget`; Full and MInference "
-             "decode densely")
 
 
 def kv_rows(name: str, cfg, info: ModelInfo, context: int, attended: float | None = None) -> float:

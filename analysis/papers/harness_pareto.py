@@ -4,7 +4,7 @@ attention, at one budget ratio, with the Pareto front drawn (issue 34). No paper
   accuracy  the embedded rows of one shared cell: NIAH, SmolLM2-135M-Instruct, 4096 tokens, the noise
             haystack, 10 depths x 10 rounds (tidal.table1's embedded grid, whose rows several methods
             already have), every method with its budget option at K = 512 = 1/8 of the context
-            (bench/floors.py BUDGET_KNOB), mean with its 95% Wilson interval;
+            (methods/parts/budget.py BUDGET_KNOB), mean with its 95% Wilson interval;
   speed     harness.tpot's file: Llama-3-8B shape, random weights, 32K tokens, batch 1, budget 4096 =
             the same 1/8 of the context, decode ms of full attention / the method's, same process.
 The two axes come from different models on purpose: accuracy needs trained weights (the embedded model
@@ -24,8 +24,8 @@ import pandas as pd
 from analysis import provenance, render
 from analysis.catalogue import Impl, register
 from analysis.papers.harness import FILE, cell_name
-from bench.floors import BUDGET_KNOB
 from methods import REGISTRY
+from methods.parts.budget import BUDGET_KNOB
 
 ROOT = Path(__file__).resolve().parents[2]
 BENCH_DIR = ROOT / "results" / "bench"           # the committed benchmark files (tests point it elsewhere)
@@ -125,7 +125,7 @@ def markdown(item, impl, f: pd.DataFrame, sources, device: str) -> str:
     lines = [f"# {item.key}: {impl.title}", "", f"Accuracy (y): {impl.setup['embedded']}",
              f"Speed (x): {X_LABEL}; device **{device}**.", "",
              "Both at budget / context = 1/8. Each method with its YAML defaults and its budget option "
-             "(bench/floors.py BUDGET_KNOB); settings needed on SmolLM2: "
+             "(methods/parts/budget.py BUDGET_KNOB); settings needed on SmolLM2: "
              + "; ".join(f"{m}: {' '.join(v)}" for m, v in EXTRA.items())
              + ". Accuracy cells read `mean [95% Wilson interval]` over n samples (* = partial); Pareto = no "
                "other method is both faster and more accurate.", "",
