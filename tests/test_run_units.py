@@ -104,6 +104,9 @@ def test_demo_explains_each_miss(monkeypatch, capsys):
     assert "tidal k=256 gets 1 of them right" in out
     assert "1 miss(es) of tidal k=256 alone: the cost of attending 256 keys" in out
     assert "MISS 'the pass'" in out
+    # the hint names this interpreter (the venv's on a fresh machine), never a bare `python` without torch
+    assert f"`{demo._python()} -m runners.demo method.budget=512`" in out
+    assert demo._python() == "python" or demo._python().endswith("python")
 
 
 def test_prevalidate_checks_hydra_overrides(capsys):
