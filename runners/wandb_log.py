@@ -19,9 +19,14 @@ import os
 
 from omegaconf import OmegaConf
 
+from runners.results import NOT_HASHED
+
 MAX_TABLE_ROWS = 2000
 TIMING_COLUMNS = ("prefill_s", "tail_s", "decode_ms_per_token", "nll_s", "peak_mem_gib")
-SKIP_OVERRIDES = ("runner.", "hydra", "+hydra", "~hydra", "task.limit")
+# Overrides that do not change results (the run hash leaves them out: runners.results.NOT_HASHED) stay
+# out of the name; every other one (runner.dtype, runner.batch_size ...) is part of it, so that two
+# runs with two W&B ids never share a name.
+SKIP_OVERRIDES = ("hydra", "+hydra", "~hydra", "runner.seed")
 
 
 def job_overrides() -> list[str]:
@@ -43,7 +48,8 @@ def run_name(cfg, overrides: list[str] | None = None) -> str:
                                                                                     f"s{cfg.runner.seed}"]
     for o in overrides or []:
         key, _, value = o.lstrip("+~").partition("=")
-        if key in ("method", "task", "model", "runner", "method.budget") or key.startswith(SKIP_OVERRIDES):
+        if key in ("method", "task", "model", "runner", "method.budget") or key.startswith(SKIP_OVERRIDES) \
+                or key.startswith(NOT_HASHED):
             continue
         parts.append(f"{key.rsplit('.', 1)[-1]}={value.replace(' ', '')}")
     return "-".join(str(p) for p in parts)
