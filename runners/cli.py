@@ -116,7 +116,10 @@ def prevalidate(argv: list[str]) -> None:
         hcfg = _compose(hydra_overrides(argv) + combos[0], hydra_config=True)
     except Exception as e:
         _fail(_one_line(e))
-    _check_launcher(hcfg, multirun=any(a in ("-m", "--multirun") for a in argv))
+    multirun = any(a in ("-m", "--multirun") for a in argv)
+    _check_launcher(hcfg, multirun=multirun)
+    if multirun:
+        _check_sweep_base(overrides)
     seen: set = set()   # each distinct data set and model source is checked once per sweep
     for combo in combos:
         try:
@@ -131,6 +134,25 @@ def prevalidate(argv: list[str]) -> None:
         except Exception as e:  # an unexpected config shape: still one line, never a traceback
             _fail(f"invalid config ({type(e).__name__}): {_one_line(e)}")
     GlobalHydra.instance().clear()
+
+
+def _check_sweep_base(overrides: list[str]) -> None:
+    """Hydra composes a sweep's base config from the overrides that are not swept, with each swept
+    group at its default: `-m method=quest,tidal method.budget=64` sets a budget on method=full,
+    which has none, and Hydra stops with a multi-line error although every job is fine."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parsed = OverridesParser.create().parse_overrides(overrides)
+    fixed = [o.input_line for o in parsed if not o.is_sweep_override()]
+    swept = [o.key_or_group for o in parsed if o.is_sweep_override()]
+    try:
+        _compose(fixed)
+    except Exception as e:   # noqa: BLE001 (Hydra's errors have no common base)
+        key = next((o.key_or_group for o in parsed if not o.is_sweep_override()
+                    and f"'{o.key_or_group}'" in str(e)), None)
+        hint = f"; write it ++{key}=... (set where it exists, added where not)" if key else ""
+        _fail(f"{_one_line(e)}: Hydra composes a sweep's base config without the swept values "
+              f"({', '.join(swept)} at their defaults){hint}")
 
 
 def _check_added_keys(combo: list[str]) -> None:

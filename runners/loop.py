@@ -53,7 +53,8 @@ class RunLoop:
     def run(self, report: bool = True) -> dict:
         kept = self.resume()
         previous = self.out.previous_summary()
-        logger = WandbLogger(self.cfg, self.out.hash, base_step=self.wandb_base(previous))
+        before = self.out.rows() + self.out.failures()   # what an offline W&B rerun logs again (wandb_log.py)
+        logger = WandbLogger(self.cfg, self.out.hash, base_step=self.wandb_base(previous), history=lambda: before)
         self.walk(logger, kept)
         summary = self.summarize()
         summary["wandb"] = logger.finish(self.out.rows(), self.out.failures(), summary, previous)

@@ -29,6 +29,7 @@ CASES = [
     (["+foo=1"], "unknown config key 'foo'"),              # added keys are refused like `foo=1`
     (["+task.nope=1"], "unknown config key 'task.nope'"),
     (["-m", "method=quest", "++method.nope=1,2"], "unknown config key 'method.nope'"),
+    (["-m", "method=quest,tidal", "method.budget=64"], "write it ++method.budget=..."),   # Hydra's sweep base
 ]
 # Found after the tokenizer, still before the model: prompts that cannot be built, models not there.
 LATE_CASES = [
