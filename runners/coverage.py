@@ -42,7 +42,8 @@ def summarize(rows: list[dict], method: str, semantics: dict) -> dict | None:
         hint = (f"method.budget={budget} covers the ~{tokens:.0f}-token sequences: lower it (e.g. "
                 f"method.budget={_suggest(tokens)}) or lengthen the prompts (task.lengths)") if budget else \
             "its options keep (nearly) every token at these lengths"
-        out["warning"] = (f"{method} attended {frac:.0%} of the tokens it saw (mean {attended:.0f} of {tokens:.0f} "
+        out["warning"] = (f"{method} attended {frac:.0%} of the tokens it saw (mean {out['mean_attended']:.0f} of "
+                          f"{out['mean_tokens']:.0f} "
                           f"over {n} samples): this run measures full attention, not sparsity; {hint}")
     return out
 

@@ -163,9 +163,6 @@ class Engine:
             out = self.forward(ids[:, s:e], "prefill", logits=want)
             if out is not None and (logits == "all" or last):
                 outs.append(out)
-            hook = getattr(self, "on_prefill", None)   # the run loop's progress in tokens (runners/loop.py)
-            if hook is not None:
-                hook(e, n)
         if logits == "none":
             return None
         return torch.cat(outs, dim=1) if logits == "all" else outs[-1]

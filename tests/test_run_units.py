@@ -211,3 +211,31 @@ def test_prefill_bar_counts_tokens_only_for_long_prompts():
     assert bar.bar is not None and bar.bar.n == 40 and bar.bar.total == 120
     bar(120, 120)
     assert bar.bar is None                                  # closed at the end of the prompt
+
+
+def test_prefill_bar_counts_the_engines_prefill_chunks():
+    import torch
+
+    from runners.loop import PrefillBar
+
+    class Engine:   # the engine's prefill: forward(ids, "prefill") per chunk of the prompt
+        def forward(self, ids, phase, logits="last"):
+            return phase
+
+        def prefill(self, ids, chunk):
+            return [self.forward(ids[:, s:s + chunk], "prefill") for s in range(0, ids.shape[1], chunk)]
+
+    engine, seen = Engine(), []
+    bar = PrefillBar(min_tokens=100)
+    detach = bar.attach(engine)
+    bar.start(250)
+    real = PrefillBar.__call__
+    PrefillBar.__call__ = lambda self, done, total: (seen.append((done, total)), real(self, done, total))
+    try:
+        assert engine.prefill(torch.zeros(1, 250), 100) == ["prefill"] * 3
+        assert engine.forward(torch.zeros(1, 1), "decode") == "decode"    # decode steps are not counted
+    finally:
+        PrefillBar.__call__ = real
+    assert seen == [(100, 250), (200, 250), (250, 250)] and bar.bar is None
+    detach()
+    assert "forward" not in vars(engine)                   # the engine's own method again
