@@ -90,8 +90,11 @@ def preflight(cfg: DictConfig, seen: set | None = None, source: bool = True) -> 
     problems: list[str] = []
     method = _collect(problems, lambda: methods.get(cfg.method.name).validate(cfg.method, info))
     spec = model_spec(cfg.model, None if method is _FAILED else method)
-    if _collect(problems, lambda: tasks.get(cfg.task.name).validate(cfg.task, spec)) is not _FAILED:
-        _collect(problems, lambda: check_data(cfg, spec, seen))   # only for options that make sense
+    # the task's lengths are checked as the method reads them: not at all when the method is refused;
+    # its data only for options that make sense
+    if method is not _FAILED and _collect(problems, lambda: tasks.get(cfg.task.name).validate(cfg.task, spec)) \
+            is not _FAILED:
+        _collect(problems, lambda: check_data(cfg, spec, seen))
     if source:
         _collect(problems, lambda: _once(seen, ("model", cfg.model), lambda: check_source(cfg.model)))
     if len(problems) == 1:
