@@ -105,13 +105,10 @@ def _num(config) -> int:
 
 
 def _write(config, record: dict) -> None:
-    try:
-        from hydra.types import RunMode
+    from hydra.types import RunMode
 
-        if config.hydra.mode != RunMode.MULTIRUN:
-            return   # a single run prints its own table
-    except Exception:   # no Hydra mode (an old config): still only where a sweep directory is set
-        pass
+    if config.hydra.get("mode") != RunMode.MULTIRUN:
+        return   # a single run prints its own table
     out = Path(str(config.hydra.runtime.output_dir))
     out.mkdir(parents=True, exist_ok=True)
     tmp = out / f"job.json.tmp{id(record)}"

@@ -322,5 +322,5 @@ def test_tables_prints_what_changed_and_names_what_it_skipped(monkeypatch, capsy
     assert out == [
         "wrote results/tables/p.t1.md",
         "rendered 2 item(s): 1 file(s) written, the rest unchanged; 1 as no-data tables (their data is not here): p.t3",
-        "skipped 3 item(s): no rows: p.t2; no 'embedded' profile: p.t4; no benchmark file: p.t5 "
-        "(`python -m analysis render KEY` says more)"]
+        ("skipped 3 item(s): no rows: p.t2; no 'embedded' profile: p.t4; no benchmark file: p.t5 "
+         "(`python -m analysis render KEY` says more)")]
