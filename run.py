@@ -12,7 +12,7 @@ from runners import cli, run as run_module
 
 @hydra.main(config_path="conf", config_name="config", version_base="1.3")
 def main(cfg):
-    run_module.run(cfg)
+    return run_module.run(cfg)   # the summary: a sweep's table reads it (runners/sweep.py)
 
 
 if __name__ == "__main__":

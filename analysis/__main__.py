@@ -213,29 +213,56 @@ def cmd_table(args) -> int:
 
 
 def cmd_tables(args) -> int:
-    skipped, refused = [], []
+    """Every item, quietly: the files a render changed, then one summary naming what was not rendered."""
+    import contextlib
+    import io
+
+    done, nodata_keys, wrote, skipped, refused = [], [], [], {}, []
     for key in catalogue.implemented_keys():
         args.key = key
         impl = catalogue.get(key).impl
         one = args
         if not impl.bench and args.profile not in impl.sweeps:   # e.g. paper-only items (no data offline)
             if not impl.data:
-                skipped.append(f"  {key}: no {args.profile!r} profile (profiles: {', '.join(impl.sweeps)})")
+                skipped.setdefault(f"no {args.profile!r} profile", []).append(key)
                 continue
             # data-bound and paper-only (LongBench on the paper's model): its table from the profile it has
             one = argparse.Namespace(**{**vars(args), "profile": next(iter(impl.sweeps))})
+        out = io.StringIO()
         try:
-            cmd_render(one)
+            with contextlib.redirect_stdout(out):
+                cmd_render(one)
         except MissingResults as e:
-            skipped.append(f"  {e.args[0]}")
+            skipped.setdefault(_why_skipped(e.args[0]), []).append(key)
+            continue
         except FewerResults as e:
             refused.append(f"  {e.args[0]}")
+            continue
+        lines = out.getvalue().splitlines()
+        wrote += [line for line in lines if line.startswith("wrote ")]
+        (nodata_keys if any("no data here:" in line for line in lines)
+         else done).append(key)
+    for line in wrote:
+        print(line)
+    print(f"rendered {len(done) + len(nodata_keys)} item(s): {len(wrote)} file(s) written, the rest unchanged"
+          + (f"; {len(nodata_keys)} as no-data tables (their data is not here): {', '.join(nodata_keys)}"
+             if nodata_keys else ""))
     if skipped:
-        print(f"skipped {len(skipped)} item(s) with nothing to render from:\n" + "\n".join(skipped))
+        n = sum(len(v) for v in skipped.values())
+        print(f"skipped {n} item(s): " + "; ".join(f"{why}: {', '.join(keys)}" for why, keys in skipped.items())
+              + " (`python -m analysis render KEY` says more)")
     if refused:
         print(f"error: refused {len(refused)} item(s):\n" + "\n".join(refused), file=sys.stderr)
         return 2
     return 0
+
+
+def _why_skipped(message: str) -> str:
+    if "no rows for any cell" in message:
+        return "no rows"
+    if "benchmark file" in message:
+        return "no benchmark file"
+    return message.split(": ", 1)[-1].split(";")[0][:80]
 
 
 def cmd_bench(args) -> int:

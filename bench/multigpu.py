@@ -29,6 +29,8 @@ from methods import ModelInfo, build
 from runners import models
 from runners import plan as P
 from runners.engine import Engine
+from runners.pipeline import split_engine
+from runners.placement import load_placed
 from runners.results import environment
 
 GIB = 2 ** 30
@@ -97,7 +99,7 @@ def main(argv=None):
         sys.exit(f"error: {p.line}")
     placement = [(f"cuda:{g}", a, b) for g, a, b, _ in p.segments]
     t0 = time.time()
-    model, _ = models.load(mcfg, torch.device(placement[0][0]), dtype, placement=placement if n > 1 else None)
+    model, _ = load_placed(mcfg, torch.device(placement[0][0]), dtype, placement=placement if n > 1 else None)
     load_s = time.time() - t0
     bw = {}
     for g, *_ in p.segments:   # each GPU's own copy rate (its events and streams: that GPU current)
@@ -115,7 +117,7 @@ def main(argv=None):
     for context in args.contexts:
         for name in args.methods:
             cfg = method_cfg(name, None if name == "full" else args.budget, info)
-            eng = Engine(model, build(OmegaConf.create(cfg), info), placement=placement if n > 1 else None)
+            eng = split_engine(Engine(model, build(OmegaConf.create(cfg), info)), placement if n > 1 else None)
             eng.reset(1, context + args.steps + 8)
             fill(eng, context)
             tok = torch.zeros(1, dtype=torch.long, device=eng.device)

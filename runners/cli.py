@@ -7,7 +7,6 @@ before any model loads or any job is launched.
 """
 from __future__ import annotations
 
-import json
 import shutil
 import sys
 import warnings
@@ -100,12 +99,14 @@ def _compose(overrides: list[str], hydra_config: bool = False):
 
 
 def prevalidate(argv: list[str]) -> None:
+    """Hydra's side of the command (overrides that parse, groups and keys that exist, the launcher),
+    then runners.validate.preflight for every combination of a sweep: one line, exit 2."""
     overrides = user_overrides(argv)
     if overrides is None:
         return
     from hydra.core.global_hydra import GlobalHydra
 
-    from runners.validate import validate
+    from runners.validate import preflight
 
     try:
         combos = expand(overrides)
@@ -115,21 +116,61 @@ def prevalidate(argv: list[str]) -> None:
         hcfg = _compose(hydra_overrides(argv) + combos[0], hydra_config=True)
     except Exception as e:
         _fail(_one_line(e))
-    _check_launcher(hcfg, multirun=any(a in ("-m", "--multirun") for a in argv))
-    data_checked = set()
+    multirun = any(a in ("-m", "--multirun") for a in argv)
+    _check_launcher(hcfg, multirun=multirun)
+    if multirun:
+        _check_sweep_base(overrides)
+    seen: set = set()   # each distinct data set and model source is checked once per sweep
     for combo in combos:
         try:
             cfg = _compose(combo)
+            _check_added_keys(combo)
         except Exception as e:
             _fail(_one_line(e))
         try:
-            validate(cfg)
-            _check_data(cfg, data_checked)
+            preflight(cfg, seen)
         except HarnessError as e:
             _fail(str(e))
         except Exception as e:  # an unexpected config shape: still one line, never a traceback
             _fail(f"invalid config ({type(e).__name__}): {_one_line(e)}")
     GlobalHydra.instance().clear()
+
+
+def _check_sweep_base(overrides: list[str]) -> None:
+    """Hydra composes a sweep's base config from the overrides that are not swept, with each swept
+    group at its default: `-m method=quest,tidal method.budget=64` sets a budget on method=full,
+    which has none, and Hydra stops with a multi-line error although every job is fine."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parsed = OverridesParser.create().parse_overrides(overrides)
+    fixed = [o.input_line for o in parsed if not o.is_sweep_override()]
+    swept = [o.key_or_group for o in parsed if o.is_sweep_override()]
+    try:
+        _compose(fixed)
+    except Exception as e:   # noqa: BLE001 (Hydra's errors have no common base)
+        key = next((o.key_or_group for o in parsed if not o.is_sweep_override()
+                    and f"'{o.key_or_group}'" in str(e)), None)
+        hint = f"; write it ++{key}=... (set where it exists, added where not)" if key else ""
+        _fail(f"{_one_line(e)}: Hydra composes a sweep's base config without the swept values "
+              f"({', '.join(swept)} at their defaults){hint}")
+
+
+def _check_added_keys(combo: list[str]) -> None:
+    """`+key=value` (and `++key=value`) add a key Hydra would refuse as `key=value`: every key a run
+    reads is in conf/, so an added one is a typo or a key of another group, refused the same way."""
+    from omegaconf import OmegaConf
+
+    added = [o for o in combo if o.startswith("+") and "=" in o]
+    if not added:
+        return
+    base = _compose([o for o in combo if o not in added])
+    for o in added:
+        key = o.lstrip("+").split("=", 1)[0]
+        if OmegaConf.select(base, key.replace("/", "."), default=_ABSENT) is _ABSENT:
+            raise ValueError(f"Could not override '{key}': an added key (+{key}=...) that conf/ does not define")
+
+
+_ABSENT = object()
 
 
 def _check_launcher(hcfg, multirun: bool) -> None:
@@ -140,28 +181,9 @@ def _check_launcher(hcfg, multirun: bool) -> None:
               "use hydra/launcher=submitit_local (or local) to run the sweep here")
 
 
-def _check_data(cfg, seen: set) -> None:
-    """Task.check_data once per distinct task config of the sweep (it may look at the hub)."""
-    import tasks
-    from runners import hub
-    from runners.validate import model_spec
-    from tasks.base import Task
-
-    cls = tasks.get(cfg.task.name)
-    if cls.check_data.__func__ is Task.check_data.__func__:
-        return   # the default checks nothing: no need to probe the hub
-    spec = model_spec(cfg.model)
-    from omegaconf import OmegaConf
-
-    key = json.dumps([OmegaConf.to_container(cfg.task, resolve=True), vars(spec)], sort_keys=True, default=str)
-    if key in seen:
-        return
-    seen.add(key)
-    hub.offline_if_unreachable()
-    cls.check_data(cfg.task, spec)
-
-
 def _fail(message: str) -> None:
-    message = " ".join(line.strip() for line in str(message).splitlines() if line.strip())
+    from runners import hub
+
+    message = hub.plain(" ".join(line.strip() for line in str(message).splitlines() if line.strip()))
     print(f"error: {message}", file=sys.stderr)
     sys.exit(ConfigError.exit_code)

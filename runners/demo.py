@@ -7,12 +7,13 @@ and says where each miss comes from: a miss full attention makes too is the mode
 the demo asks Hugging Face's own `generate` for its answer, so the reader sees the engine is not the
 cause.
 
-    python -m runners.demo                      # the defaults below
-    python -m runners.demo method.budget=128    # extra overrides apply to the sparse run
+    make run                                          # the defaults below (.venv/bin/python -m runners.demo)
+    .venv/bin/python -m runners.demo method.budget=128   # extra overrides apply to the sparse run
 """
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 from runners import cli
 from runners.run import run
@@ -81,12 +82,24 @@ def show(full_cfg, full_rows, sparse_cfg, sparse_rows, full_summary, sparse_summ
               f"of keys can tip a borderline answer either way.")
     if sparse_only:
         print(f"{len(sparse_only)} miss(es) of {name} alone: the cost of attending {sparse_cfg.method.get('budget')} "
-              f"keys per step instead of all of them (try method.budget=512: `python -m runners.demo "
-              f"method.budget=512`).")
+              f"keys per step instead of all of them (try method.budget=512: `{_python()} -m "
+              f"runners.demo method.budget=512`).")
     if not (both or full_only or sparse_only):
         print(f"No misses: {name} matches full attention here.")
     print(f"Rows: {full_summary['results_dir']} and {sparse_summary['results_dir']}. "
           f"Next: README 'Running' (run.py, sweeps, paper tables).")
+
+
+def _python() -> str:
+    """How to call this interpreter from the repository root: the venv's path when it is one (a bare
+    `python` on a fresh machine is the system's, without torch)."""
+    exe = Path(sys.executable)
+    if sys.prefix == sys.base_prefix:
+        return "python"       # not a venv: the user's own interpreter, which has torch
+    try:
+        return str(exe.relative_to(Path.cwd()))    # .venv/bin/python
+    except ValueError:
+        return str(exe)
 
 
 def _hf_check(cfg, rows) -> None:

@@ -45,7 +45,7 @@ class Generation:
 
 
 class Engine:
-    def __init__(self, model, method: Method, use_graphs: bool = True, use_fused: bool = True, placement=None):
+    def __init__(self, model, method: Method, use_graphs: bool = True, use_fused: bool = True):
         cfg = model.config
         if cfg.model_type not in SUPPORTED:
             raise ConfigError(f"model family {cfg.model_type!r} is not supported by the engine; "
@@ -71,23 +71,6 @@ class Engine:
         # Decode steps of graph-safe methods run as one captured CUDA graph (no launch overhead).
         self.graphs = DecodeGraph(self) if (self.device.type == "cuda" and use_graphs and method.graph_safe) else None
         self.history: torch.Tensor | None = None
-        self._use_graphs = use_graphs
-        if placement is not None and len(placement) > 1:
-            self._split(placement)
-
-    def _split(self, placement) -> None:
-        """Layers over several GPUs (runners/pipeline.py): the method becomes one instance per segment
-        behind a proxy, the layer loop goes segment by segment, a decode step is one CUDA graph per
-        segment (runners/graphs.PipelineGraphs). The one-GPU path is left exactly as it is."""
-        from runners.pipeline import Pipeline, PipelineMethod
-
-        self.pipeline = Pipeline(self, placement, self.method)
-        self.method = PipelineMethod(self.pipeline)
-        self.__class__ = SplitEngine   # its own layer loop: nothing added to the one-GPU engine's step
-        from runners.graphs import PipelineGraphs
-
-        cuda = all(torch.device(d).type == "cuda" for d, *_ in placement)
-        self.graphs = PipelineGraphs(self) if (cuda and self._use_graphs and self.method.graph_safe) else None
 
     # --- sequence life cycle -----------------------------------------------------------------
     def reset(self, batch: int, max_len: int) -> None:
@@ -296,13 +279,6 @@ class Engine:
         ids = ids.to(self.device)
         self.reset(ids.shape[0], ids.shape[1])
         return self.prefill(ids, logits="all")
-
-
-class SplitEngine(Engine):
-    """An engine whose layers are split over GPUs (made by Engine(..., placement=[...]))."""
-
-    def layers(self, ids, phase, start, positions, graphed=False):
-        return self.pipeline.layers(self, ids, phase, start, positions, graphed)
 
 
 class _Timer:

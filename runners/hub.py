@@ -10,6 +10,7 @@ HF_HUB_OFFLINE=1 set by the user skips the probe.
 from __future__ import annotations
 
 import os
+import re
 import sys
 
 TIMEOUT_S = 3.0
@@ -20,11 +21,26 @@ def offline_if_unreachable() -> bool:
     """True when the hub is (now) in offline mode. Probes once per process."""
     if "offline" not in _state:
         forced = os.environ.get("HF_HUB_OFFLINE", os.environ.get("TRANSFORMERS_OFFLINE", "")).upper()
-        offline = forced in ("1", "ON", "YES", "TRUE") or not _reachable()
+        _state["forced"] = forced in ("1", "ON", "YES", "TRUE")
+        offline = _state["forced"] or not _reachable()
         if offline:
             set_offline()
         _state["offline"] = offline
     return _state["offline"]
+
+
+def why_offline() -> str:
+    """Why the hub is not asked, in the user's words (not the hub client's OfflineModeIsEnabled)."""
+    if _state.get("forced"):
+        return "the hub is switched off (HF_HUB_OFFLINE=1)"
+    return "there is no network (the Hugging Face hub cannot be reached)"
+
+
+def plain(message: str) -> str:
+    """An error line with the hub client's offline exception named as what it means."""
+    if "OfflineModeIsEnabled" not in message:
+        return message
+    return re.sub(r"OfflineModeIsEnabled(: [^;)]*)?", why_offline(), message)
 
 
 def _reachable() -> bool:

@@ -143,21 +143,12 @@ def load_tokenizer(model_cfg):
         raise _load_error(source, e) from None
 
 
-def load(model_cfg, device: torch.device, dtype: torch.dtype, tokenizer=None, placement=None):
+def load(model_cfg, device: torch.device, dtype: torch.dtype, tokenizer=None):
     """Return (model, tokenizer) per `model_cfg` (tokenizer may be None for random weights). A
-    tokenizer already loaded by `load_tokenizer` is passed through instead of loading it again.
-    `placement` [(device, first layer, end layer)] over several GPUs (runners.plan) puts each
-    layer's weights on its GPU as they load (the embedding, final norm and head on the first)."""
+    tokenizer already loaded by `load_tokenizer` is passed through instead of loading it again."""
     from transformers import AutoModelForCausalLM
 
     weights = model_cfg.get("weights", "pretrained")
-    if placement is not None and len(placement) > 1:
-        from runners.placement import load_split
-
-        model = load_split(model_cfg, dtype, placement, _source if weights != "random" else None, _load_error)
-        if tokenizer is None:
-            tokenizer = load_tokenizer(model_cfg)
-        return _ready(model), tokenizer
     if weights == "random":
         config = config_from_arch(model_cfg.arch)
         torch.manual_seed(0)

@@ -27,6 +27,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from methods.base import Step
+from runners.engine import Engine
 
 MAX_HANDOFF = 64 * 2 ** 20     # bytes: per-step state is small; a bigger tensor is storage someone forgot to declare
 SHARED = ("_attended",)        # host dicts every segment writes into (the method's per-layer stats)
@@ -314,3 +315,28 @@ class PipelineMethod:
 
     def buffers(self):
         return {f"{k}.{name}": t for k, seg in enumerate(self._p.segments) for name, t in seg.method.buffers().items()}
+
+
+
+def split_engine(engine, placement, use_graphs: bool = True):
+    """Layers over several GPUs: the engine's method becomes one instance per segment behind a proxy,
+    the layer loop goes segment by segment (SplitEngine), a decode step is one CUDA graph per segment
+    (runners/pipeline_graphs.py). Applied to a built one-GPU engine; with one segment the engine is
+    returned as it is, so the one-GPU path gains no per-step work."""
+    if placement is None or len(placement) < 2:
+        return engine
+    from runners.pipeline_graphs import PipelineGraphs
+
+    engine.pipeline = Pipeline(engine, placement, engine.method)
+    engine.method = PipelineMethod(engine.pipeline)
+    engine.__class__ = SplitEngine
+    cuda = all(torch.device(d).type == "cuda" for d, *_ in placement)
+    engine.graphs = PipelineGraphs(engine) if (cuda and use_graphs and engine.method.graph_safe) else None
+    return engine
+
+
+class SplitEngine(Engine):
+    """An engine whose layers are split over GPUs (made by split_engine)."""
+
+    def layers(self, ids, phase, start, positions, graphed=False):
+        return self.pipeline.layers(self, ids, phase, start, positions, graphed)

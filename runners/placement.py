@@ -89,3 +89,25 @@ def _materialize(model, placement, config) -> None:
         model.lm_head.weight = inner.embed_tokens.weight
     rot = type(inner.rotary_emb)(config=model.config)   # its inv_freq is computed, not loaded: build it for real
     inner.rotary_emb = rot.to(first)
+
+
+def load_placed(model_cfg, device, dtype, tokenizer=None, placement=None):
+    """runners.models.load on one device, or `load` over a placement of several segments."""
+    from runners import models
+
+    if placement is None or len(placement) < 2:
+        return models.load(model_cfg, device, dtype, tokenizer=tokenizer)
+    return load(model_cfg, dtype, placement, tokenizer)
+
+
+def load(model_cfg, dtype, placement, tokenizer=None):
+    """(model, tokenizer) with each layer's weights on its GPU as they load (the embedding, final norm
+    and head on the first): runners.models.load's counterpart for a split run, kept out of models.py
+    so the one-GPU loader (measured code of every engine benchmark) stays as it is."""
+    from runners import models
+
+    random = model_cfg.get("weights", "pretrained") == "random"
+    model = load_split(model_cfg, dtype, placement, None if random else models._source, models._load_error)
+    if tokenizer is None:
+        tokenizer = models.load_tokenizer(model_cfg)
+    return models._ready(model), tokenizer

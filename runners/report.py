@@ -48,6 +48,10 @@ def print_table(summary: dict) -> None:
     for key, groups in m.items():
         if isinstance(groups, dict):
             lines += _group_lines(key, groups)
+    a = summary.get("attended")
+    if a:
+        lines.append(f"  attended: {a['mean_fraction']:.1%} of the tokens seen (mean {a['mean_attended']:.0f} of "
+                     f"{a['mean_tokens']:.0f}, last decode step, {a['n']} samples)")
     t = summary.get("timings", {})
     if t:
         lines.append("  timings: " + "  ".join(f"{k}={_fmt(v)}" for k, v in t.items()))

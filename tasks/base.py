@@ -5,9 +5,11 @@ the sample in result rows), says how to run each one (`generate` or `nll`), and 
 with the benchmark's own definition (`tasks/metrics/`). Data comes from the hub by default, a
 local `task.data_dir` when given, or is generated from `task.seed`.
 
-Every task config has `name`, `limit` and `seed`. `limit` keeps the first N samples of each grid
-cell (`limit_keys`: each prompt length for tasks with a `lengths` grid, else the whole task), so
-`task.lengths=[1024,2048] task.limit=4` runs 4 samples at each length; null = all.
+Every task config has `name`, `limit` and `seed`. `limit` keeps N samples of each grid cell
+(`limit_keys`: each prompt length for tasks with a `lengths` grid, else the whole task), so
+`task.lengths=[1024,2048] task.limit=4` runs 4 samples at each length; null = all. A task with
+subtasks (RULER, LongBench, InfiniteBench) takes them in turn within a cell (`spread`): RULER's
+`task.limit=2` is one niah_single_1 and one niah_single_2 sample, not two of the first subtask.
 """
 from __future__ import annotations
 
@@ -107,7 +109,7 @@ class Task:
         # Stop reading early once every cell is full when the number of cells is known (the lengths).
         cells = len(set(self.cfg.lengths)) if keys == ["length"] else None
         counts: dict[tuple, int] = {}
-        for s in self.samples():
+        for s in self.spread(limit):
             cell = tuple(s.params.get(k) for k in keys)
             n = counts.get(cell, 0)
             if n < limit:
@@ -115,6 +117,12 @@ class Task:
                 yield s
                 if cells is not None and len(counts) == cells and all(c >= limit for c in counts.values()):
                     return
+
+    def spread(self, limit: int) -> Iterable[Sample]:
+        """The samples in the order `task.limit` takes them (the same set as `samples()`). Default:
+        `samples()`. A task with subtasks overrides it to take, within each cell, one sample of each
+        subtask in turn (`round_robin`), and may stop a cell once it holds `limit` samples."""
+        return self.samples()
 
     def score(self, sample: Sample, prediction: str) -> dict[str, float]:
         """Metrics for one generated output (generate mode)."""
@@ -148,6 +156,33 @@ class Task:
         """The ids the tokenizer puts before a text (its BOS; none for tokenizers that add none,
         and never an appended EOS: see tasks/_tokens.py)."""
         return bos_ids(self.tokenizer)
+
+
+def round_robin(streams: list[Iterable[Sample]], limit: int | None = None) -> Iterator[Sample]:
+    """One sample of each stream in turn until `limit` samples (or every stream is spent). Streams
+    are read lazily: a subtask whose turn never comes builds nothing."""
+    its = [iter(x) for x in streams]
+    n = 0
+    while its and (limit is None or n < limit):
+        for it in list(its):
+            if limit is not None and n >= limit:
+                return
+            s = next(it, None)
+            if s is None:
+                its.remove(it)
+                continue
+            n += 1
+            yield s
+
+
+def averaged_over(per: dict[str, int], every: list[str] | None = None) -> str:
+    """What an average over subtasks averages, in words: `niah_single_1 (n=1), niah_single_2 (n=1):
+    2 of 13 subtasks`; `13 subtasks, n=500 each` when every subtask ran the same count."""
+    total = len(every) if every else len(per)
+    counts = set(per.values())
+    if len(per) == total and len(counts) == 1:
+        return f"{total} subtasks, n={counts.pop()} each"
+    return ", ".join(f"{k} (n={v})" for k, v in per.items()) + f": {len(per)} of {total} subtasks"
 
 
 def mean_metrics(rows: list[dict], group_by: list[str]) -> dict[str, Any]:

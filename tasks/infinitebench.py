@@ -32,7 +32,7 @@ from common.errors import ConfigError
 from tasks import metrics
 from tasks._infinitebench_prompts import MAX_NEW_TOKENS, TEMPLATES
 from tasks._tokens import encode_prompt
-from tasks.base import ModelSpec, Sample, Task, register
+from tasks.base import ModelSpec, Sample, Task, averaged_over, register, round_robin
 from tasks.longbench import apply_chat, read_jsonl, resolve_subsets, wants_chat
 
 HUB_ID = "xinrongzhang2022/InfiniteBench"
@@ -196,17 +196,24 @@ class InfiniteBench(Task):
         return read_jsonl(Path(path))
 
     def samples(self) -> Iterator[Sample]:
-        per = self.cfg.get("limit_per_subset")
         for task in self.subsets:
-            if self.cfg.get("generate"):
-                n = int(self.cfg.get("gen_samples", 20))
-                for i in range(n if per is None else min(n, int(per))):
-                    yield self.synthetic(task, i, n)
-                continue
-            for i, eg in enumerate(self.rows(task)):
-                if per is not None and i >= int(per):
-                    break
-                yield self.build(task, eg, f"{task}/{eg.get('id', i)}")
+            yield from self.subset_samples(task)
+
+    def subset_samples(self, task: str) -> Iterator[Sample]:
+        per = self.cfg.get("limit_per_subset")
+        if self.cfg.get("generate"):
+            n = int(self.cfg.get("gen_samples", 20))
+            for i in range(n if per is None else min(n, int(per))):
+                yield self.synthetic(task, i, n)
+            return
+        for i, eg in enumerate(self.rows(task)):
+            if per is not None and i >= int(per):
+                break
+            yield self.build(task, eg, f"{task}/{eg.get('id', i)}")
+
+    def spread(self, limit: int) -> Iterator[Sample]:
+        """`task.limit`: the subsets in turn (base.round_robin), not the first subset's first rows."""
+        return round_robin([self.subset_samples(t) for t in self.subsets], limit)
 
     # prompt ----------------------------------------------------------------------------------------
     def max_new(self, task: str) -> int:
@@ -295,6 +302,7 @@ class InfiniteBench(Task):
         out: dict[str, Any] = {"n": len(rows), "by_subset": by}
         if by:
             out["average"] = round(sum(v["score"] for v in by.values()) / len(by), 2)
+            out["average_of"] = averaged_over({k: v["n"] for k, v in by.items()}, list(self.subsets))
             if "kv_retrieval" in by and len(by) > 1:
                 rest = [v["score"] for k, v in by.items() if k != "kv_retrieval"]
                 out["average_without_kv"] = round(sum(rest) / len(rest), 2)

@@ -42,7 +42,7 @@ from typing import Any
 from common.errors import ConfigError
 from tasks import metrics
 from tasks._tokens import bos_ids, encode_prompt  # noqa: F401  (part of this module's helpers)
-from tasks.base import ModelSpec, Sample, Task, register
+from tasks.base import ModelSpec, Sample, Task, averaged_over, register, round_robin
 
 CONFIG_DIR = Path(__file__).resolve().parent / "longbench_config"
 HUB_ID = "THUDM/LongBench"
@@ -207,12 +207,19 @@ class LongBench(Task):
         return int(overrides.get(subset) or self.cfg.get("max_length") or self.model.max_length)
 
     def samples(self) -> Iterator[Sample]:
-        per = self.cfg.get("limit_per_subset")
         for subset in self.subsets:
-            for i, row in enumerate(self.rows(subset)):
-                if per is not None and i >= int(per):
-                    break
-                yield self.build(subset, row, i)
+            yield from self.subset_samples(subset)
+
+    def subset_samples(self, subset: str) -> Iterator[Sample]:
+        per = self.cfg.get("limit_per_subset")
+        for i, row in enumerate(self.rows(subset)):
+            if per is not None and i >= int(per):
+                break
+            yield self.build(subset, row, i)
+
+    def spread(self, limit: int) -> Iterator[Sample]:
+        """`task.limit`: the subsets in turn (base.round_robin), not the first subset's first rows."""
+        return round_robin([self.subset_samples(s) for s in self.subsets], limit)
 
     # prompt ----------------------------------------------------------------------------------------
     def prompt_text(self, subset: str, row: dict) -> tuple[str, int, bool]:
@@ -271,6 +278,7 @@ class LongBench(Task):
         out: dict[str, Any] = {"n": len(rows), "by_subset": by}
         if by:
             out["average"] = round(sum(v["score"] for v in by.values()) / len(by), 2)
+            out["average_of"] = averaged_over({k: v["n"] for k, v in by.items()}, list(self.subsets))
             out["by_category"] = {
                 c: round(sum(by[s]["score"] for s in m) / len(m), 2)
                 for c, subs in CATEGORIES.items() if (m := [s for s in subs if s in by])}

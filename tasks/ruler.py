@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from common.errors import ConfigError
-from tasks.base import ModelSpec, Sample, Task, register
+from tasks.base import ModelSpec, Sample, Task, averaged_over, register, round_robin
 from tasks.metrics import RULER_METRICS, ruler_postprocess
 from tasks.ruler_gen import QA, Niah, VariableTracking
 from tasks.ruler_gen_aggregation import CommonWords, FreqWords
@@ -245,6 +245,16 @@ class Ruler(Task):
                 for i in range(self.n_samples):
                     yield self._sample(task, length, i)
 
+    def spread(self, limit: int):
+        """Per length, the subtasks in turn (`task.limit=2`: the first sample of two subtasks), and no
+        more than `limit` prompts built per length."""
+        for length in self.lengths:
+            yield from round_robin([self._stream(t, length) for t in self.tasks], limit)
+
+    def _stream(self, task: str, length: int):
+        for i in range(self.n_samples):
+            yield self._sample(task, length, i)
+
     # scoring ----------------------------------------------------------------------------------
     def score(self, sample: Sample, prediction: str) -> dict[str, float]:
         pred = ruler_postprocess(prediction)
@@ -271,13 +281,18 @@ class Ruler(Task):
                 g = g.sort_values("params.index", kind="stable")
             per_task = {t: sum(x["metrics.score"].tolist()) / len(x) * 100 for t, x in g.groupby("params.subtask")}
             order = [t for t in self.tasks if t in per_task] + [t for t in per_task if t not in self.tasks]
+            counts = {t: int((g["params.subtask"] == t).sum()) for t in order}
             out["by_length"][str(int(length))] = {
                 "tasks": {t: round(float(per_task[t]), 2) for t in order},
                 "average": round(float(np.mean(list(per_task.values()))), 2),
+                "average_of": averaged_over(counts, self.tasks),
                 "nulls": {t: int(g.loc[g["params.subtask"] == t, "metrics.null"].sum()) for t in order},
                 "n": {t: int((g["params.subtask"] == t).sum()) for t in order},
             }
         out["score"] = round(float(np.mean([v["average"] for v in out["by_length"].values()])), 2)
+        over = {v["average_of"] for v in out["by_length"].values()}
+        out["score_of"] = (over.pop() if len(over) == 1 else "per-length averages") + \
+            f", averaged over {len(out['by_length'])} length(s)"
         return out
 
     def describe(self) -> dict[str, Any]:

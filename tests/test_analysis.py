@@ -291,3 +291,39 @@ def test_an_interpolated_default_does_not_refuse_a_run(tmp_path):
     other = tmp_path / "other"
     fake_run(other, dict(cell.values, **{"method.head_model": "smollm2", "method.sink": 64}), [1])
     assert Store(other).fill(cell).status == "missing"
+
+
+def test_tables_prints_what_changed_and_names_what_it_skipped(monkeypatch, capsys):
+    """`make tables`: the files a render wrote, then one summary naming the items not rendered."""
+    import argparse
+    from types import SimpleNamespace
+
+    import analysis.__main__ as cli
+    from analysis.catalogue import MissingResults
+
+    impls = {"p.t1": SimpleNamespace(bench=None, sweeps={"embedded": []}, data=[]),
+             "p.t2": SimpleNamespace(bench=None, sweeps={"embedded": []}, data=[]),
+             "p.t3": SimpleNamespace(bench=None, sweeps={"embedded": []}, data=["longbench"]),
+             "p.t4": SimpleNamespace(bench=None, sweeps={"paper": []}, data=[]),
+             "p.t5": SimpleNamespace(bench=object(), sweeps={}, data=[])}
+
+    def render(args):
+        if args.key == "p.t2":
+            raise MissingResults("p.t2 [embedded]: no rows for any cell (none under results/rows/); nothing written")
+        if args.key == "p.t5":
+            raise MissingResults("p.t5: none of its benchmark files is under results/bench/; write them")
+        if args.key == "p.t3":
+            print("p.t3 [embedded]: no data here: LongBench is not on this machine")
+        print("3 done")
+        print("wrote results/tables/p.t1.md" if args.key == "p.t1" else f"unchanged results/tables/{args.key}.md")
+
+    monkeypatch.setattr(cli.catalogue, "implemented_keys", lambda: list(impls))
+    monkeypatch.setattr(cli.catalogue, "get", lambda key: SimpleNamespace(impl=impls[key]))
+    monkeypatch.setattr(cli, "cmd_render", render)
+    assert cli.cmd_tables(argparse.Namespace(profile="embedded")) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out == [
+        "wrote results/tables/p.t1.md",
+        "rendered 2 item(s): 1 file(s) written, the rest unchanged; 1 as no-data tables (their data is not here): p.t3",
+        ("skipped 3 item(s): no rows: p.t2; no 'embedded' profile: p.t4; no benchmark file: p.t5 "
+         "(`python -m analysis render KEY` says more)")]

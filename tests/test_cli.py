@@ -26,6 +26,10 @@ CASES = [
     (["runner.on_error=maybe"], "runner.on_error"),
     (["hydra/launcher=nope"], "hydra/launcher/nope'; available: basic, local, slurm"),
     (["-m", "method=full", "hydra/launcher=submitit_local", "hydra.launcher.nope=1"], "unknown config key"),
+    (["+foo=1"], "unknown config key 'foo'"),              # added keys are refused like `foo=1`
+    (["+task.nope=1"], "unknown config key 'task.nope'"),
+    (["-m", "method=quest", "++method.nope=1,2"], "unknown config key 'method.nope'"),
+    (["-m", "method=quest,tidal", "method.budget=64"], "write it ++method.budget=..."),   # Hydra's sweep base
 ]
 # Found after the tokenizer, still before the model: prompts that cannot be built, models not there.
 LATE_CASES = [
@@ -76,6 +80,27 @@ def test_missing_hub_data_fails_fast_without_retry_noise(args, needle, tmp_path)
     proc = _run(args, tmp_path, env=env)
     _assert_one_line(proc, needle, tmp_path)
     assert "Retrying" not in proc.stderr
+
+
+def test_a_directory_without_a_model_says_which_files_it_lacks(tmp_path):
+    empty = tmp_path / "model"
+    empty.mkdir()
+    (empty / "README.md").write_text("not a model\n")
+    proc = _run(["model=llama3", f"model.path={empty}", "task.lengths=[1024]"], tmp_path)
+    _assert_one_line(proc, f"model.path={empty} holds no model: it lacks config.json, weights", tmp_path)
+    assert "tokenizer.json" in proc.stderr and "it has: README.md" in proc.stderr
+
+
+def test_independent_problems_are_reported_together_and_offline_is_no_network(tmp_path):
+    """The headline command on a machine without network and without trained heads: both problems in
+    one line (one round trip), the hub's state said in words, not as OfflineModeIsEnabled."""
+    env = {**os.environ, "HF_ENDPOINT": "http://127.0.0.1:9", "HF_HOME": str(tmp_path / "hf")}
+    env.pop("HF_HUB_OFFLINE", None)
+    proc = _run(["method=lychee", "method.heads=methods/heads/no-such-file.json", "model=llama3",
+                 "model.hub_id=sparse-harness-test/no-such-model", "task.lengths=[1024]"], tmp_path, env=env)
+    _assert_one_line(proc, "2 problems: (1) ", tmp_path)
+    assert "no-such-file.json" in proc.stderr and "there is no network" in proc.stderr
+    assert "OfflineModeIsEnabled" not in proc.stderr
 
 
 def test_unreachable_hub_model_names_model_path(tmp_path):

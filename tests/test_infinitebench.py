@@ -184,3 +184,11 @@ def test_summary(smol_tokenizer):
     out = t.summarize(rows)
     assert out["by_subset"]["passkey"] == {"n": 2, "score": 50.0}
     assert out["average"] == 75.0 and out["average_without_kv"] == 50.0
+    assert out["average_of"] == "passkey (n=2), kv_retrieval (n=1): 2 of 3 subtasks"
+
+
+def test_limit_takes_the_subsets_in_turn(tmp_path, smol_tokenizer):
+    write(tmp_path, "longbook_choice_eng", [CHOICE, dict(CHOICE, id=4)])
+    write(tmp_path, "math_find", [MATH, dict(MATH, id=1)])
+    t = make(smol_tokenizer, subsets=["longbook_choice_eng", "math_find"], data_dir=str(tmp_path), limit=3)
+    assert [s.id for s in t.limited()] == ["longbook_choice_eng/3", "math_find/0", "longbook_choice_eng/4"]

@@ -127,6 +127,9 @@ def test_scoring_and_summary(tmp_path, smol_tokenizer):
     assert t.describe()["chat_template"] == "auto"
     assert [s.id for s in make(tmp_path, smol_tokenizer, rows=rows, limit_per_subset=1).samples()] \
         == ["qasper/id0", "triviaqa/id0"]
+    # task.limit takes the subsets in turn, and the average names what it averages
+    assert [s.id for s in make(tmp_path, smol_tokenizer, rows=rows, limit=2).limited()] == ["qasper/id0", "triviaqa/id0"]
+    assert out["average_of"] == "qasper (n=2), triviaqa (n=1): 2 of 2 subtasks"
 
 
 def test_longbench_e_buckets(tmp_path, smol_tokenizer):

@@ -13,8 +13,8 @@ from test_methods_common import one_thread, tiny_model  # noqa: F401
 
 from methods import REGISTRY, ModelInfo, build
 from runners.engine import Engine
-from runners.pipeline import LayerWindow
-from runners.placement import device_map, place
+from runners.pipeline import LayerWindow, split_engine
+from runners.placement import device_map, load_placed, place
 
 METHODS = ["full", "tidal", "quest", "cascade", "lychee", "infllm"]
 LAYERS = 7       # no buffer dimension of these configs is 7 but the layers'
@@ -29,7 +29,7 @@ def cfg_of(name: str, variant: int = 0) -> dict:
 
 def run(model, cfg, placement, ids, n_prefill, new):
     info = ModelInfo.from_hf_config(model.config)
-    eng = Engine(model, build(OmegaConf.create(cfg), info), placement=placement)
+    eng = split_engine(Engine(model, build(OmegaConf.create(cfg), info)), placement)
     eng.reset(ids.shape[0], ids.shape[1] + new)
     out = [eng.prefill(ids[:, :n_prefill])]
     for t in range(n_prefill, ids.shape[1]):
@@ -58,7 +58,7 @@ def test_split_on_cpu_equals_one_device(name):
 def test_windowed_storage_holds_only_the_segments_layers():
     model = tiny_model(LAYERS)
     info = ModelInfo.from_hf_config(model.config)
-    eng = Engine(model, build(OmegaConf.create(cfg_of("quest")), info), placement=segments(["cpu", "cpu"]))
+    eng = split_engine(Engine(model, build(OmegaConf.create(cfg_of("quest")), info)), segments(["cpu", "cpu"]))
     eng.reset(1, 64)
     seg = eng.pipeline.segments[1]
     k = seg.method.store.k
@@ -94,18 +94,17 @@ def test_split_over_two_gpus_equals_one_gpu(name):
 def test_random_weights_load_split_from_meta():
     """weights=random over segments: built on meta, each module materialized where it belongs (on the
     CPU here), the rotary module rebuilt for real; the engine decodes finite logits through it."""
-    from runners import models
 
     mcfg = OmegaConf.load("conf/model/smollm2.yaml")
     mcfg.weights = "random"
     mcfg.arch.num_hidden_layers = 4
     placement = [("cpu", 0, 2), ("cpu", 2, 4)]
-    model, _ = models.load(mcfg, torch.device("cpu"), torch.float32, tokenizer=object(), placement=placement)
+    model, _ = load_placed(mcfg, torch.device("cpu"), torch.float32, tokenizer=object(), placement=placement)
     assert not any(p.is_meta for p in model.parameters())
     assert model.lm_head.weight is model.model.embed_tokens.weight          # tied, as the config says
     assert torch.isfinite(model.model.rotary_emb.inv_freq).all()
-    eng = Engine(model, build(OmegaConf.create({"name": "full"}), ModelInfo.from_hf_config(model.config)),
-                 placement=placement)
+    eng = split_engine(Engine(model, build(OmegaConf.create({"name": "full"}), ModelInfo.from_hf_config(model.config))),
+                       placement)
     out = eng.generate(torch.randint(0, 100, (1, 12)), max_new_tokens=4)
     assert len(out.tokens[0]) == 4
 

@@ -181,6 +181,23 @@ def test_score_uses_ruler_metric_per_task(base):
     assert s.params["metric"] == "string_match_all" and s.max_new_tokens == 30
 
 
+def test_limit_takes_the_subtasks_in_turn_and_the_average_says_what_it_averages(smol_tokenizer):
+    t = make(smol_tokenizer, tasks=["niah_single_1", "niah_multikey_2", "vt"], template="base", lengths=[1024, 2048],
+             limit=4)
+    ids = [s.id for s in t.limited()]
+    a, b, c = t.tasks      # the subtasks in the task's order
+    assert ids == [f"{a}/1024/0", f"{b}/1024/0", f"{c}/1024/0", f"{a}/1024/1",
+                   f"{a}/2048/0", f"{b}/2048/0", f"{c}/2048/0", f"{a}/2048/1"]
+    rows = [{"id": i, "params": {"subtask": i.split("/")[0], "length": int(i.split("/")[1]),
+                                 "index": int(i.split("/")[2])}, "metrics": {"score": 1.0, "null": 0.0}} for i in ids]
+    out = t.summarize(rows)
+    assert out["by_length"]["1024"]["average_of"] == f"{a} (n=2), {b} (n=1), {c} (n=1): 3 of 3 subtasks"
+    assert out["score_of"].startswith(f"{a} (n=2)") and out["score_of"].endswith("over 2 length(s)")
+    two = make(smol_tokenizer, tasks=["niah_single_1", "niah_multikey_2", "vt"], template="base", lengths=[1024], limit=2)
+    rows2 = [dict(r, id=s.id) for r, s in zip(rows, two.limited())]
+    assert "2 of 3 subtasks" in two.summarize(rows2)["score_of"]
+
+
 def test_summarize_per_length_table():
     rows = [{"params": {"subtask": t, "length": n}, "metrics": {"score": v, "null": 0.0}}
             for t, n, v in [("niah_single_1", 4096, 1.0), ("niah_single_1", 4096, 0.5),

@@ -96,7 +96,7 @@ def test_wandb_offline_logs_rows_once_per_config(tmp_path, monkeypatch):
     more = _cfg(tmp_path, "runner.wandb.mode=offline", f"runner.wandb.dir={wandb_dir}", "task.limit=2")
     run_module.run(more)                                      # new rows: the same W&B run, resumed
     runs = list(wandb_dir.glob("wandb/offline-run-*"))
-    assert len(runs) == 2 and all(r.name.endswith(run_hash) for r in runs)
+    assert len(runs) == 1 and runs[0].name.endswith(run_hash)   # one offline directory per id, holding both rows
     second = json.loads(RunDir(more).summary_path.read_text())["wandb"]
     assert second["logged_rows"] == 2 and second["steps"] > first["steps"]   # steps only grow
 
@@ -148,3 +148,15 @@ def test_summary_records_the_commit_the_run_started_at(tmp_path, monkeypatch):
     run_module.run(cfg)
     saved = json.loads(RunDir(cfg).summary_path.read_text())
     assert saved["environment"]["git_commit"] == "aaaaaaa"
+
+
+def test_a_budget_that_covers_the_prompt_is_flagged(tmp_path, capsys):
+    """quest at a budget above the 256-token prompt attends everything: the summary and stderr say so."""
+    cfg = _cfg(tmp_path, "runner.wandb.mode=disabled", "method=quest", "method.budget=1024", "task.limit=1")
+    summary = run_module.run(cfg)
+    captured = capsys.readouterr()
+    assert summary["attended"]["mean_fraction"] >= 0.95 and summary["attended"]["n"] == 1
+    assert "warning: quest attended" in captured.err and "not sparsity" in captured.err
+    assert "attended: " in captured.out                      # the table shows the fraction too
+    saved = json.loads(RunDir(cfg).summary_path.read_text())
+    assert saved["attended"]["warning"] == summary["attended"]["warning"]

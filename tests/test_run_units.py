@@ -46,6 +46,9 @@ def test_run_names_carry_the_swept_keys():
     assert a == "tidal-k256-niah-smollm2-s42-reselect_layer=7-lengths=[4096,8192]"
     assert b == "tidal-k256-niah-smollm2-s42-reselect_layer=14"
     assert run_name(cfg) == "tidal-k256-niah-smollm2-s42"
+    # what changes the results (and so the W&B id) is in the name: fp32 and fp16 runs do not share one
+    assert run_name(cfg, ["runner.dtype=fp16", "runner.progress=false", "task.limit=2"]) == \
+        "tidal-k256-niah-smollm2-s42-dtype=fp16"
 
 
 @pytest.mark.parametrize("name, ok", [("auto", True), ("cpu", True), ("cuda", True), ("cuda:1", True),
@@ -104,6 +107,9 @@ def test_demo_explains_each_miss(monkeypatch, capsys):
     assert "tidal k=256 gets 1 of them right" in out
     assert "1 miss(es) of tidal k=256 alone: the cost of attending 256 keys" in out
     assert "MISS 'the pass'" in out
+    # the hint names this interpreter (the venv's on a fresh machine), never a bare `python` without torch
+    assert f"`{demo._python()} -m runners.demo method.budget=512`" in out
+    assert demo._python() == "python" or demo._python().endswith("python")
 
 
 def test_prevalidate_checks_hydra_overrides(capsys):
@@ -174,3 +180,62 @@ def test_max_position_is_hashed_only_when_set():
     del before.model["max_position"]
     assert config_hash(cfg) == config_hash(before)
     assert config_hash(compose("model.max_position=16384")) != config_hash(cfg)
+
+
+def test_attended_fraction_warns_when_a_sparse_method_attends_everything():
+    from runners import coverage
+
+    def row(attended, prompt, out=5):
+        return {"attended": {"attended_mean": attended}, "input_tokens": prompt, "output_tokens": out}
+
+    covered = [row(4100, 4096), row(3990, 3990)]            # budget 4096 on ~4K-token prompts
+    s = coverage.summarize(covered, "lychee", {"budget": 4096})
+    assert s["n"] == 2 and s["mean_fraction"] >= 0.95
+    assert "measures full attention, not sparsity" in s["warning"] and "method.budget=4096" in s["warning"]
+    sparse = coverage.summarize([row(300, 4096), row(280, 3990)], "lychee", {"budget": 256})
+    assert sparse["mean_fraction"] < 0.1 and "warning" not in sparse
+    # dense by design: recorded, not warned
+    assert "warning" not in coverage.summarize(covered, "full", {"budget": None})
+    assert "warning" not in coverage.summarize(covered, "minference", {"decode": "dense"})
+    # rows without decode statistics (prefill-only tasks): nothing to say
+    assert coverage.summarize([{"attended": {}, "input_tokens": 10}], "quest", {"budget": 8}) is None
+
+
+def test_prefill_bar_counts_tokens_only_for_long_prompts():
+    from runners.loop import PrefillBar
+
+    bar = PrefillBar(min_tokens=100)
+    bar(50, 80)
+    assert bar.bar is None                                  # short prompt: no bar
+    bar(40, 120)
+    assert bar.bar is not None and bar.bar.n == 40 and bar.bar.total == 120
+    bar(120, 120)
+    assert bar.bar is None                                  # closed at the end of the prompt
+
+
+def test_prefill_bar_counts_the_engines_prefill_chunks():
+    import torch
+
+    from runners.loop import PrefillBar
+
+    class Engine:   # the engine's prefill: forward(ids, "prefill") per chunk of the prompt
+        def forward(self, ids, phase, logits="last"):
+            return phase
+
+        def prefill(self, ids, chunk):
+            return [self.forward(ids[:, s:s + chunk], "prefill") for s in range(0, ids.shape[1], chunk)]
+
+    engine, seen = Engine(), []
+    bar = PrefillBar(min_tokens=100)
+    detach = bar.attach(engine)
+    bar.start(250)
+    real = PrefillBar.__call__
+    PrefillBar.__call__ = lambda self, done, total: (seen.append((done, total)), real(self, done, total))
+    try:
+        assert engine.prefill(torch.zeros(1, 250), 100) == ["prefill"] * 3
+        assert engine.forward(torch.zeros(1, 1), "decode") == "decode"    # decode steps are not counted
+    finally:
+        PrefillBar.__call__ = real
+    assert seen == [(100, 250), (200, 250), (250, 250)] and bar.bar is None
+    detach()
+    assert "forward" not in vars(engine)                   # the engine's own method again

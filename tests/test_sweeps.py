@@ -13,9 +13,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
-# conf/hydra/launcher/submitit_local.yaml shares its name with the plugin's schema: Hydra validates it
-# against that schema (what we want) and warns that the name matching is deprecated.
-@pytest.mark.filterwarnings("ignore:(?s).*validated against ConfigStore schema")
+@pytest.mark.filterwarnings("error:(?s).*validated against ConfigStore schema")   # the deprecated name matching
 @pytest.mark.parametrize("launcher, target", [
     ("local", "BasicLauncher"), ("submitit_local", "LocalLauncher"), ("slurm", "SlurmLauncher")])
 def test_launcher_configs_compose(launcher, target):
@@ -64,3 +62,41 @@ def test_submitit_local_multirun_lands_every_run(tmp_path):
                    ["task.limit=1"], lambda v: ("", "full", v["task.depths"][0]))
     store = Store(results)
     assert [store.fill(c).status for c in cells] == ["done", "done"]
+
+
+def test_sweep_table_maps_swept_values_to_results(tmp_path, capsys):
+    """The table a sweep prints at its end, from the jobs' job.json files (a fake sweep: no model)."""
+    from hydra.types import RunMode
+    from omegaconf import OmegaConf
+
+    from runners.sweep import SweepTable, headline
+
+    def summary(score, frac, warn):
+        return {"metrics": {"n": 4, "scale": "percent", "score": score}, "n_samples": 4, "n_failed": 0,
+                "attended": {"mean_fraction": frac, **({"warning": "dense"} if warn else {})},
+                "results_dir": f"results/runs/ruler/smollm2/tidal/h{score}", "run_id": f"h{score}"}
+
+    class Ret:   # hydra.core.utils.JobReturn's fields the callback reads
+        def __init__(self, value, status="COMPLETED"):
+            self._return_value, self.status = value, type("S", (), {"name": status})()
+
+    cb = SweepTable()
+    jobs = [(["method=tidal", "method.budget=256", "task=ruler"], Ret(summary(40.0, 0.07, False))),
+            (["method=tidal", "method.budget=4096", "task=ruler"], Ret(summary(55.0, 1.0, True))),
+            (["method=tidal", "method.budget=64", "task=ruler"], None)]          # died before its end
+    for num, (overrides, ret) in enumerate(jobs):
+        cfg = OmegaConf.create({"hydra": {"mode": RunMode.MULTIRUN, "job": {"num": num},
+                                          "overrides": {"task": overrides},
+                                          "runtime": {"output_dir": str(tmp_path / str(num))}}})
+        cb.on_job_start(cfg)
+        if ret is not None:
+            cb.on_job_end(cfg, ret)
+    cb.on_multirun_end(OmegaConf.create({"hydra": {"sweep": {"dir": str(tmp_path)}}}))
+    out = capsys.readouterr().out
+    lines = [line for line in out.splitlines() if line.startswith("|")]
+    assert lines[0] == "| job | method.budget | metric | n | attended | results |"
+    assert lines[2] == "| 0 | 256 | score=40 | 4 | 7% | results/runs/ruler/smollm2/tidal/h40.0 |"
+    assert lines[3] == "| 1 | 4096 | score=55 | 4 | 100% (dense!) | results/runs/ruler/smollm2/tidal/h55.0 |"
+    assert lines[4].startswith("| 2 | 64 | (failed: no summary) |")
+    assert (tmp_path / "sweep.md").read_text().splitlines() == lines
+    assert headline({"metrics": {"n": 2, "ppl": 9.5}})["metric"] == "ppl"
