@@ -21,6 +21,7 @@ from typing import Any, ClassVar
 from common.errors import ConfigError
 
 YAML_WIDTH = 110
+YAML_KEY_WIDTH = 60
 
 
 def option(default: Any, doc: str, *, min: float | None = None, max: float | None = None,
@@ -73,13 +74,14 @@ class Options:
         obj = cls()
         rows = [("name", name, "")] + [(f.name, yaml_value(getattr(obj, f.name)), f.metadata.get("doc", ""))
                                        for f in cls.fields_in_order()]
-        width = max(len(f"{k}: {v}") for k, v, _ in rows) + 2
+        # docs line up after the keys; a long value (a list of names) does not push every doc out
+        width = max(len(f"{k}: {v}") for k, v, _ in rows if len(f"{k}: {v}") <= YAML_KEY_WIDTH) + 2
         for k, v, d in rows:
             text = f"{k}: {v}"
-            if d and width + len(d) + 2 > YAML_WIDTH:
+            if d and max(width, len(text) + 2) + len(d) + 2 > YAML_WIDTH:
                 lines += ["# " + ln for ln in textwrap.wrap(d, YAML_WIDTH - 2)] + [text]
             else:
-                lines.append(f"{text:<{width}}# {d}" if d else text)
+                lines.append(f"{text:<{max(width, len(text) + 2)}}# {d}" if d else text)
         return "\n".join(lines) + "\n"
 
 

@@ -11,12 +11,14 @@ cell (`limit_keys`: each prompt length for tasks with a `lengths` grid, else the
 """
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Iterable, Iterator
+from typing import Any, ClassVar
 
 from common.errors import ConfigError
 from common.registry import Registry
 from tasks._tokens import bos_ids
+from tasks.config import TaskConfig
 
 
 @dataclass
@@ -60,6 +62,7 @@ class ModelSpec:
 class Task:
     name: ClassVar[str] = ""
     mode: ClassVar[str] = "generate"     # "generate" | "nll" | "choice" | "compare" (tasks/compare.py)
+    Config: ClassVar[type[TaskConfig]] = TaskConfig   # the typed options (tasks/config.py)
 
     def __init__(self, cfg, tokenizer, model: ModelSpec):
         self.cfg = cfg
@@ -68,10 +71,10 @@ class Task:
 
     @classmethod
     def validate(cls, cfg, model: ModelSpec) -> None:
-        """Raise ConfigError (one line) before any model loads, e.g. lengths beyond the model."""
-        limit = cfg.get("limit")
-        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
-            raise ConfigError(f"task.limit must be an integer >= 0 or null, got {limit!r}")
+        """Raise ConfigError (one line) before any model loads: first the typed options (unknown
+        keys, types, ranges, choices: `Config`), then the task's own and model-dependent checks
+        (override and call super), e.g. lengths beyond the model."""
+        cls.Config.parse(cfg)
         if "lengths" in cfg:   # a length grid: every entry a positive token count, whatever the task
             lengths = cfg.lengths
             if isinstance(lengths, (str, int, float)) or lengths is None:
@@ -169,5 +172,5 @@ def mean_metrics(rows: list[dict], group_by: list[str]) -> dict[str, Any]:
     return out
 
 
-REGISTRY = Registry("task", "tasks", skip=("base", "metrics"))
+REGISTRY = Registry("task", "tasks", skip=("base", "config", "metrics"))
 register = REGISTRY.register

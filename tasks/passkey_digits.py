@@ -24,13 +24,16 @@ as the reference did (on Llama-3 that puts a BOS at the start of every piece, pr
 from __future__ import annotations
 
 import random
+from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
 import numpy as np
 
 from common.errors import ConfigError
+from common.options import option
 from tasks.base import Sample, Task, register
+from tasks.config import TaskConfig
 from tasks.metrics import passkey_digit_accuracy
 
 SYSTEM = ("There is a 5-digit pass key hidden in a lot of irrelevant text. Find the pass key and memorize "
@@ -78,9 +81,26 @@ def bin_edges(bins: list[float]) -> list[tuple[float, float]]:
     return edges
 
 
+@dataclass(frozen=True)
+class PasskeyDigitsConfig(TaskConfig):
+    """Cascading KV Cache passkey (tasks/passkey_digits.py): random-word filler, 5-digit key,
+    5 depth bins x samples_per_bin per length, greedy 50 tokens, digit accuracy per "{length}-{bin}"."""
+
+    seed: int = option(42, "")
+    lengths: tuple[int, ...] = option((32768, 65536, 131072, 262144, 524288, 1048576), "the paper's \"1M\" set")
+    bins: tuple[float, ...] = option((0.2, 0.4, 0.6, 0.8, 1.0), "bin upper edges; bin i spans (bins[i-1], bins[i]] "
+                               "of the length", min=0.0, max=1.0)
+    samples_per_bin: int = option(20, "", min=1)
+    max_new_tokens: int = option(50, "", min=1)
+    template: str = option("auto", "auto: llama31_raw on a Llama-3 vocab, else chat | llama31_raw (reference "
+                           "strings verbatim; plain text elsewhere) | chat (tokenizer template)", choices=TEMPLATES)
+    reference_bos: bool = option(False, "true: tokenize each piece with default special tokens, as the reference")
+
+
 @register
 class PasskeyDigits(Task):
     name = "passkey_digits"
+    Config = PasskeyDigitsConfig
 
     @classmethod
     def validate(cls, cfg, model) -> None:
