@@ -136,6 +136,10 @@ class MathConfig(TaskConfig):
                          "grader", choices=tuple(GRADERS))
     data_dir: str | None = option(None, "a .jsonl or a directory with test.jsonl (../shared/data/<set>/)")
 
+    @classmethod
+    def smoke(cls) -> dict:
+        return {"max_new_tokens": 64}
+
 
 def _math_config(title: str, base: type = MathConfig) -> type:
     """One set's options: the shared fields, its own header."""
@@ -153,6 +157,10 @@ class MathTask(Task):
     """Shared R1-distill protocol; subclasses name the data set."""
 
     dataset: ClassVar[str] = ""
+    metric = "correct"
+
+    def perfect(self, sample: Sample) -> str:
+        return f"The answer is \\boxed{{{sample.references[0]}}}."
 
     @classmethod
     def validate(cls, cfg, model) -> None:

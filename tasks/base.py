@@ -143,6 +143,35 @@ class Task:
         """Protocol facts recorded in every row (scorer, protocol variant, template ...)."""
         return {"task": self.name}
 
+    # what the shared conformance suite checks (tests/test_tasks_conformance.py) ---------------------
+    metric: ClassVar[str] = ""                                   # the headline metric of a sample's scores
+    metric_range: ClassVar[tuple[float, float]] = (0.0, 1.0)     # (worst, best) of `metric`
+
+    @classmethod
+    def subset_names(cls) -> list[str]:
+        """The names of the task's subsets (a suite's sub-benchmarks): task and subset names must not
+        collide, or rows and tables could not tell them apart."""
+        return []
+
+    def perfect(self, sample: Sample) -> Any:
+        """What a perfect model returns for `sample`, in this task's mode: the text (generate; default:
+        the first reference), per-token NLLs (nll: zeros), the next-token distribution (choice), or
+        the comparison with a method equal to full attention (compare). Its score is the best end of
+        `metric_range`."""
+        if self.mode == "generate":
+            return sample.references[0]
+        if self.mode == "nll":
+            import torch
+
+            return torch.zeros(max(len(sample.input_ids) - 1, 1))
+        raise NotImplementedError(f"task {self.name}: say what a perfect {self.mode} output is (perfect)")
+
+    def score_output(self, sample: Sample, output: Any) -> dict[str, Any]:
+        """The metrics of one output in this task's mode (the run loop calls the mode's scorer)."""
+        scorer = {"generate": self.score, "nll": self.score_nll, "choice": self.score_choice,
+                  "compare": getattr(self, "score_compare", None)}[self.mode]
+        return scorer(sample, output)
+
     # helpers ------------------------------------------------------------------------------------
     def encode(self, text: str) -> list[int]:
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]

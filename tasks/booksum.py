@@ -98,11 +98,17 @@ class BookSumConfig(TaskConfig):
                                "split)")
     data_dir: str | None = option(None, "a .jsonl file, or a directory with <split>.jsonl or a single .jsonl")
 
+    @classmethod
+    def smoke(cls) -> dict:
+        return {"max_new_tokens": 64}
+
 
 @register
 class BookSum(Task):
     name = "booksum"
     Config = BookSumConfig
+    metric = "rougeL"
+    metric_range = (0.0, 100.0)           # rouge-score F x100
 
     @classmethod
     def validate(cls, cfg, model) -> None:

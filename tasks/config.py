@@ -32,6 +32,13 @@ class TaskConfig(Options):
     def parse(cls, cfg: Any) -> TaskConfig:
         return cls.parse_values(cfg)
 
+    @classmethod
+    def smoke(cls) -> dict:
+        """Option overrides under which the shared conformance suite (tests/test_tasks_conformance.py)
+        builds a few samples on a 2K-token model in seconds: small lengths and counts. Data a task
+        reads from the hub comes from a small generated fixture instead (tests/task_fixtures.py)."""
+        return {}
+
 
 def generated(cls) -> tuple[Path, str]:
     """(the YAML path, its generated text) of a registered task class."""

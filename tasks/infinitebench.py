@@ -176,11 +176,20 @@ class InfiniteBenchConfig(TaskConfig):
                                   "construct_synthetic_dataset.py writes it (false: without the \"\\n\", the "
                                   "harness before issue 36: older rows)")
 
+    @classmethod
+    def smoke(cls) -> dict:
+        return {"generate": True, "subsets": "retrieval3", "gen_length": 512, "gen_samples": 2}
+
 
 @register
 class InfiniteBench(Task):
     name = "infinitebench"
     Config = InfiniteBenchConfig
+    metric = "score"
+
+    @classmethod
+    def subset_names(cls) -> list[str]:
+        return TASKS + list(ALIASES)
 
     @classmethod
     def validate(cls, cfg, model: ModelSpec) -> None:

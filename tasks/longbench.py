@@ -193,6 +193,11 @@ class LongBenchConfig(TaskConfig):
 class LongBench(Task):
     name = "longbench"
     Config = LongBenchConfig
+    metric = "score"
+
+    @classmethod
+    def subset_names(cls) -> list[str]:
+        return list(ALL)
 
     @classmethod
     def validate(cls, cfg, model: ModelSpec) -> None:

@@ -98,11 +98,29 @@ class MMLUConfig(TaskConfig):
     shots_kept: str = option("first", "a prompt too long for the model keeps its first k shots (evaluate.py "
                              "gen_prompt) | last", choices=SHOTS_KEPT)
 
+    @classmethod
+    def smoke(cls) -> dict:
+        return {"shots": 2}
+
 
 @register
 class MMLU(Task):
     name = "mmlu"
     Config = MMLUConfig
+    metric = "acc"
+
+    @classmethod
+    def subset_names(cls) -> list[str]:
+        return list(SUBJECTS)
+
+    def perfect(self, sample: Sample):
+        """All the next-token mass on the answer letter's candidates."""
+        import torch
+
+        cands = sample.extra["candidates"]
+        probs = torch.zeros(max(t for ids in cands for t in ids) + 1)
+        probs[list(cands[LETTERS.index(sample.references[0])])] = 1.0
+        return probs
     mode = "choice"
     # the release's folders and file suffixes: dev/<s>_dev.csv, val/<s>_val.csv, test/<s>_test.csv
     SPLIT_FILES: ClassVar[dict[str, str]] = {"dev": "dev", "validation": "val", "test": "test"}

@@ -122,11 +122,16 @@ class NIAHConfig(TaskConfig):
                                             "tokens starting at token `first` (Ltri-LLM figure 8's restricted "
                                             "needle: InfLLM's n_init, block_size)", min=0)
 
+    @classmethod
+    def smoke(cls) -> dict:
+        return {"lengths": [512], "depths": [0, 50], "rounds": 1}
+
 
 @register
 class NIAH(Task):
     name = "niah"
     Config = NIAHConfig
+    metric = "accuracy"
 
     @classmethod
     def validate(cls, cfg, model):

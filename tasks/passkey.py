@@ -38,11 +38,16 @@ class PasskeyConfig(TaskConfig):
     max_new_tokens: int = option(10, "", min=1)
     decode_tail: int = option(100, "Quest decodes the last 400 characters (~100 tokens) one by one", min=0)
 
+    @classmethod
+    def smoke(cls) -> dict:
+        return {"lengths": [256], "depths": [0.5, 1.0]}
+
 
 @register
 class Passkey(Task):
     name = "passkey"
     Config = PasskeyConfig
+    metric = "accuracy"
 
     @classmethod
     def validate(cls, cfg, model):

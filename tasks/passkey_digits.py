@@ -96,11 +96,16 @@ class PasskeyDigitsConfig(TaskConfig):
                            "strings verbatim; plain text elsewhere) | chat (tokenizer template)", choices=TEMPLATES)
     reference_bos: bool = option(False, "true: tokenize each piece with default special tokens, as the reference")
 
+    @classmethod
+    def smoke(cls) -> dict:
+        return {"lengths": [512], "samples_per_bin": 1}
+
 
 @register
 class PasskeyDigits(Task):
     name = "passkey_digits"
     Config = PasskeyDigitsConfig
+    metric = "digit_acc"
 
     @classmethod
     def validate(cls, cfg, model) -> None:

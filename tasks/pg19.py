@@ -90,11 +90,17 @@ class PG19Config(TaskConfig):
     data_dir: str | None = option(None, "directory of *.txt books or a .jsonl with `text`")
     only_split: str | None = option(None, "jsonl only: keep rows whose pg19_split equals this (e.g. test)")
 
+    @classmethod
+    def smoke(cls) -> dict:
+        return {"num_eval_tokens": 200}
+
 
 @register
 class PG19(Task):
     name = "pg19"
     Config = PG19Config
+    metric = "ppl"
+    metric_range = (float("inf"), 1.0)
     mode = "nll"
 
     @classmethod

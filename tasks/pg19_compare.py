@@ -48,11 +48,21 @@ class PG19CompareConfig(TaskConfig):
     data_dir: str | None = option(None, "directory of *.txt books or a .jsonl with `text`")
     only_split: str | None = option(None, "jsonl only: keep rows whose pg19_split equals this (e.g. test)")
 
+    @classmethod
+    def smoke(cls) -> dict:
+        return {"prefix": 64, "steps": 4}
+
 
 @register
 class PG19Compare(Task):
     name = "pg19_compare"
     Config = PG19CompareConfig
+    metric = "kl"
+    metric_range = (float("inf"), 0.0)
+
+    def perfect(self, sample: Sample) -> dict:
+        steps = int(sample.params["steps"])
+        return {"kl": [0.0] * steps} if sample.params["protocol"] == "kl" else {"match_len": steps}
     mode = "compare"
 
     @classmethod
