@@ -14,11 +14,11 @@ import typing
 
 import pytest
 from omegaconf import OmegaConf
+from task_fixtures import FIXTURES
 
 import tasks
 from common.errors import ConfigError
 from common.options import allowed
-from task_fixtures import FIXTURES
 from tasks.base import ModelSpec, Sample, Task
 from tasks.config import generated
 
@@ -134,8 +134,7 @@ def check_same_seed(cls, tok, tmp) -> None:
 
 def check_yaml(cls, tmp) -> None:
     """The YAML a user reads holds every option with its declared default (Hydra loads it back)."""
-    path, text = generated(cls)
-    (tmp / "t.yaml").write_text(text)
+    (tmp / "t.yaml").write_text(generated(cls)[1])
     assert OmegaConf.to_container(OmegaConf.load(tmp / "t.yaml")) == \
            {"name": cls.name, **_plain(cls.Config.defaults())}
 

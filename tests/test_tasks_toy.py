@@ -9,13 +9,19 @@ import uuid
 from dataclasses import dataclass
 
 import pytest
+from test_tasks_conformance import (
+    check_bad_options,
+    check_names,
+    check_same_seed,
+    check_samples,
+    check_scorer,
+    check_yaml,
+)
 
 import tasks
 from common.options import option
 from tasks.base import Sample, Task
 from tasks.config import TaskConfig
-from test_tasks_conformance import (check_bad_options, check_names, check_same_seed, check_samples,
-                                    check_scorer, check_yaml)
 
 
 @dataclass(frozen=True)
