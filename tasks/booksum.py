@@ -86,9 +86,9 @@ class BookSumConfig(TaskConfig):
     variant: str = option("chapter", "chapter | cascade", choices=tuple(VARIANTS))
     max_new_tokens: int = option(512, "Cascading --max_tokens default", min=1)
     truncation: str = option("left", "left (keep the end, as the reference vanilla) | right | none (stream it "
-                             "all)", choices=("left", "right", "none"))
+                             "all)", choices=TRUNCATION)
     use_stemmer: bool = option(True, "rouge-score setting")
-    reference_mode: str = option("per_row", "each summary row is one sample scored alone")
+    reference_mode: str = option("per_row", "each summary row is one sample scored alone", choices=("per_row",))
     system: str | None = option(None, "null = \"You are a helpful chat bot that summarizes books.\"")
     user: str | None = option(None, "null = \"Summarize the following text in about 300 words:\\n{text}\"")
     test_fraction: float = option(0.05, "cascade only", min=0.0, max=1.0)
@@ -113,15 +113,8 @@ class BookSum(Task):
     @classmethod
     def validate(cls, cfg, model) -> None:
         super().validate(cfg, model)
-        variant = cfg.get("variant", "chapter")
-        if variant not in VARIANTS:
-            raise ConfigError(f"task.variant must be one of {tuple(VARIANTS)}, got {variant!r}")
-        if cfg.get("truncation", "left") not in TRUNCATION:
-            raise ConfigError(f"task.truncation must be one of {TRUNCATION}")
         if not model.chat_template:
             raise ConfigError(f"booksum prompts through the chat template; model {model.name} has none")
-        if cfg.get("reference_mode", "per_row") != "per_row":
-            raise ConfigError("task.reference_mode: only per_row (each summary row scored alone) exists")
         if int(cfg.max_new_tokens) >= model.max_length:
             raise ConfigError(f"task.max_new_tokens {cfg.max_new_tokens} >= model max_length")
 

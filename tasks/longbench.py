@@ -210,8 +210,6 @@ class LongBench(Task):
         tail = cfg.get("decode_tail", 0)
         if not (tail == "quest" or (isinstance(tail, int) and tail >= 0)):
             raise ConfigError(f"task.decode_tail must be quest or an integer >= 0, got {tail!r}")
-        if cfg.get("code_sim_backend", "levenshtein") not in ("levenshtein", "difflib"):
-            raise ConfigError("task.code_sim_backend must be levenshtein | difflib")
         for key, value in {"max_length": cfg.get("max_length") or model.max_length,
                            **dict(cfg.get("max_length_overrides") or {})}.items():
             if not isinstance(value, int) or value < 2:

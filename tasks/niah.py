@@ -136,8 +136,6 @@ class NIAH(Task):
     @classmethod
     def validate(cls, cfg, model):
         super().validate(cfg, model)
-        if cfg.haystack not in HAYSTACKS:
-            raise ConfigError(f"task.haystack must be one of {', '.join(HAYSTACKS)}, got {cfg.haystack!r}")
         if cfg.haystack != "noise" and not cfg.get("haystack_dir") and not (cfg.get("hub_id")
                                                                            or cfg.haystack in HUB_DEFAULTS):
             raise ConfigError(f"task.haystack={cfg.haystack} needs task.haystack_dir (a directory of *.txt or a "
@@ -151,8 +149,6 @@ class NIAH(Task):
         for d in cfg.depths:
             if not 0 <= float(d) <= 100:
                 raise ConfigError(f"task.depths are percentages in [0, 100], got {d}")
-        if int(cfg.rounds) < 1:
-            raise ConfigError(f"task.rounds must be >= 1, got {cfg.rounds}")
         buffer = cfg.get("buffer")
         if buffer is not None and not 0 <= int(buffer) < min(int(n) for n in cfg.lengths):
             raise ConfigError(f"task.buffer must be null or in [0, shortest length), got {buffer}")

@@ -56,9 +56,6 @@ class Passkey(Task):
             if model.too_long(int(length) + int(cfg.max_new_tokens)):
                 raise ConfigError(f"task.lengths: {length} + {cfg.max_new_tokens} new tokens exceeds "
                                   f"{model.name}'s maximum of {model.max_length} tokens")
-        for d in cfg.depths:
-            if not 0.0 <= float(d) <= 1.0:
-                raise ConfigError(f"task.depths must be fractions in [0, 1], got {d}")
 
     def __init__(self, cfg, tokenizer, model):
         super().__init__(cfg, tokenizer, model)

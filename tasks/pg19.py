@@ -74,15 +74,15 @@ class PG19Config(TaskConfig):
       stride: Cascading KV Cache - every book longer than min_book_tokens, chunks of `stride` tokens"""
 
     seed: int = option(0, "unused (deterministic data); kept for the common task keys")
-    protocol: str = option("decode", "decode | stride", choices=("decode", "stride"))
+    protocol: str = option("decode", "decode | stride", choices=PROTOCOLS)
     num_eval_tokens: int = option(32000, "decode protocol: TidalDecode 32000, Quest 30000", min=1)
     books: int | None = option(None, "null = protocol default (decode: 1 book, stride: all qualifying books)",
                                min=1)
-    stride: int = option(1024, "stride protocol: chunk length (Cascading cascade_stride)", min=1)
+    stride: int | None = option(1024, "stride protocol: chunk length (Cascading cascade_stride)", min=1)
     min_book_tokens: int = option(32768, "stride protocol: keep books with more tokens (the paper: > cache "
                                   "window)", min=0)
     max_tokens: int | None = option(None, "cap on evaluated ids per book (embedded profile: the model's 8K "
-                                    "context)", min=2)
+                                    "context)", min=1)
     curve_window: int | None = option(None, "if set: metrics.nll_curve = mean NLL per window of this many "
                                       "predictions", min=1)
     hub_id: str = option("emozilla/pg19-test", "")
@@ -106,13 +106,7 @@ class PG19(Task):
     @classmethod
     def validate(cls, cfg, model) -> None:
         super().validate(cfg, model)
-        protocol = cfg.get("protocol", "decode")
-        if protocol not in PROTOCOLS:
-            raise ConfigError(f"task.protocol must be one of {PROTOCOLS}, got {protocol!r}")
-        for key in ("num_eval_tokens", "stride", "books", "max_tokens", "curve_window"):
-            v = cfg.get(key)
-            if v is not None and int(v) < 1:
-                raise ConfigError(f"task.{key} must be >= 1 or null, got {v}")
+        protocol = cfg.get("protocol", "decode")   # protocol, ranges: the typed options (PG19Config)
         if protocol == "stride" and cfg.get("stride") is None:
             raise ConfigError("task.stride must be set for protocol=stride (Cascading uses 1024)")
 

@@ -128,18 +128,9 @@ class Ruler(Task):
                 raise ConfigError(f"task.lengths must be positive integers, got {L!r}")
             if model.too_long(L):
                 raise ConfigError(f"RULER length {L} exceeds model {model.name}'s max_length {model.max_length}")
-        if int(cfg.get("samples_per_task", 0)) < 1:
-            raise ConfigError("task.samples_per_task must be >= 1")
         tmpl = cfg.get("template", "auto")
-        if tmpl not in ("auto", "hf", *MODEL_TEMPLATES):
-            raise ConfigError(f"task.template must be auto, hf or one of RULER's wrappers "
-                              f"({', '.join(MODEL_TEMPLATES)}), got {tmpl!r}")
         if tmpl == "hf" and not model.chat_template:
             raise ConfigError(f"task.template=hf but model {model.name} is not a chat model (chat_template: false)")
-        if cfg.get("prompt_version", "original") not in PROMPT_VERSIONS:
-            raise ConfigError(f"task.prompt_version must be one of {', '.join(PROMPT_VERSIONS)}")
-        if cfg.get("sentence_splitter", "punkt") not in ("punkt", "punkt_untrained"):
-            raise ConfigError("task.sentence_splitter must be punkt or punkt_untrained")
 
     def __init__(self, cfg, tokenizer, model: ModelSpec):
         super().__init__(cfg, tokenizer, model)
