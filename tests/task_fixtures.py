@@ -27,8 +27,8 @@ def longbench(tmp: Path) -> dict:
 
 
 def infinitebench(tmp: Path) -> dict:
-    """A book subset read from data_dir (the generated retrieval subsets need no fixture: the
-    suite's second variant, Config.smoke)."""
+    """A book subset read from data_dir: the suite checks the loader path here; the generated
+    retrieval subsets (Config.smoke's generate=true) are covered by tests/test_infinitebench.py."""
     rows = [{"id": i, "context": TEXT, "input": f"What was striking thirteen ({i})?", "answer": ["the clocks"],
              "options": []} for i in range(3)]
     _jsonl(tmp / "infinitebench" / "longbook_qa_eng.jsonl", rows)
