@@ -1,5 +1,6 @@
-"""Tasks: one module per task, registered by name (a `Task` subclass with `@register` plus one YAML
-in `conf/task/`). Every module in this package is imported on first use."""
+"""Tasks: one module per task, registered by name (a `Task` subclass with `@register` and a typed
+`Config`, from which `python -m tasks` writes `conf/task/<name>.yaml`). Every module in this package
+is imported on first use."""
 from __future__ import annotations
 
 from tasks.base import REGISTRY, ModelSpec, Sample, Task, register

@@ -33,8 +33,10 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from common.errors import ConfigError
+from common.options import option
 from tasks import hub_data
 from tasks.base import Sample, Task, mean_metrics, register
+from tasks.config import TaskConfig
 from tasks.metrics import last_boxed, math_verify_equal
 
 INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
@@ -114,10 +116,51 @@ def load_problems(cfg, spec: MathSet) -> tuple[list[dict[str, Any]], list[str]]:
     return [p for p in parsed if p["answer"] is not None], [p["id"] for p in parsed if p["answer"] is None]
 
 
+_R1 = (" under the DeepSeek-R1-distill protocol (tasks/aime.py): chat template, no system prompt,\n"
+       "last \\boxed{} + math-verify, pass@1 over k seeded samples. LycheeDecode Table 2 decodes greedily:\n"
+       "temperature=0 k=1 (and num_problems=128 outside AIME) to reproduce it.")
+
+
+@dataclass(frozen=True)
+class MathConfig(TaskConfig):
+    seed: int = option(0, "sample j of every problem uses seed + j")
+    k: int = option(1, "samples per problem (R1 paper: 64)", min=1)
+    temperature: float = option(0.6, "", min=0.0)
+    top_p: float = option(0.95, "", min=0.0, max=1.0)
+    max_new_tokens: int = option(32768, "R1 maximum generation length", min=1)
+    num_problems: int | None = option(None, "first N problems (null = all)", min=0)
+    think_prefix: bool = option(False, "append \"<think>\\n\" after the generation prompt if the template does not")
+    verify_timeout: float = option(5, "seconds for math-verify parsing / comparison", min=0)
+    grader: str = option("math_verify", "math_verify (last \\boxed{} + math-verify) | qwen25_math (Qwen2.5-Math "
+                         "extract_answer + strip_string + math_equal); LycheeDecode names none: tables state the "
+                         "grader", choices=tuple(GRADERS))
+    data_dir: str | None = option(None, "a .jsonl or a directory with test.jsonl (../shared/data/<set>/)")
+
+    @classmethod
+    def smoke(cls) -> dict:
+        return {"max_new_tokens": 64}
+
+
+def _math_config(title: str, base: type = MathConfig) -> type:
+    """One set's options: the shared fields, its own header."""
+    return dataclass(frozen=True)(type(f"{title}Config", (base,), {"__doc__": title + _R1, "__module__": __name__,
+                                                                     "__qualname__": f"{title}Config"}))
+
+
+@dataclass(frozen=True)
+class _Math500Fields(MathConfig):
+    levels: tuple[int, ...] | None = option(None, "difficulty levels to keep, e.g. [1] (the easiest: lychee.table2's "
+                                      "embedded profile)", min=1)
+
+
 class MathTask(Task):
     """Shared R1-distill protocol; subclasses name the data set."""
 
     dataset: ClassVar[str] = ""
+    metric = "correct"
+
+    def perfect(self, sample: Sample) -> str:
+        return f"The answer is \\boxed{{{sample.references[0]}}}."
 
     @classmethod
     def validate(cls, cfg, model) -> None:
@@ -126,12 +169,8 @@ class MathTask(Task):
             raise ConfigError(f"task {cls.name}: the R1 protocol needs a chat template; "
                               f"model {model.name} has none")
         k = int(cfg.get("k", 1))
-        if k < 1:
-            raise ConfigError(f"task.k must be >= 1, got {k}")
         if k > 1 and float(cfg.temperature) == 0.0:
             raise ConfigError("task.k > 1 with temperature 0 repeats one greedy output k times")
-        if cfg.get("grader", "math_verify") not in GRADERS:
-            raise ConfigError(f"task.grader must be one of {list(GRADERS)}, got {cfg.get('grader')!r}")
         if cfg.get("grader") == "qwen25_math":
             import importlib.util
 
@@ -228,24 +267,28 @@ def summarize_pass1(rows: list[dict]) -> dict[str, Any]:
 @register
 class Aime(MathTask):
     name = "aime"
+    Config = _math_config("aime")
     dataset = "aime24"
 
 
 @register
 class Gaokao2023En(MathTask):
     name = "gaokao2023en"
+    Config = _math_config("gaokao2023en")
     dataset = "gaokao2023en"
 
 
 @register
 class MinervaMath(MathTask):
     name = "minerva_math"
+    Config = _math_config("minerva_math")
     dataset = "minerva_math"
 
 
 @register
 class OlympiadBench(MathTask):
     name = "olympiadbench"
+    Config = _math_config("olympiadbench")
     dataset = "olympiadbench"
 
 
@@ -255,4 +298,5 @@ class Math500(MathTask):
     the embedded stand-in for LycheeDecode Table 2's sets, which SmolLM2-135M cannot solve at all."""
 
     name = "math500"
+    Config = _math_config("math500 (MATH-500)", _Math500Fields)
     dataset = "math500"

@@ -13,12 +13,14 @@ subtasks (RULER, LongBench, InfiniteBench) takes them in turn within a cell (`sp
 """
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Iterable, Iterator
+from typing import Any, ClassVar
 
 from common.errors import ConfigError
 from common.registry import Registry
 from tasks._tokens import bos_ids
+from tasks.config import TaskConfig
 
 
 @dataclass
@@ -62,6 +64,7 @@ class ModelSpec:
 class Task:
     name: ClassVar[str] = ""
     mode: ClassVar[str] = "generate"     # "generate" | "nll" | "choice" | "compare" (tasks/compare.py)
+    Config: ClassVar[type[TaskConfig]] = TaskConfig   # the typed options (tasks/config.py)
 
     def __init__(self, cfg, tokenizer, model: ModelSpec):
         self.cfg = cfg
@@ -70,10 +73,10 @@ class Task:
 
     @classmethod
     def validate(cls, cfg, model: ModelSpec) -> None:
-        """Raise ConfigError (one line) before any model loads, e.g. lengths beyond the model."""
-        limit = cfg.get("limit")
-        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
-            raise ConfigError(f"task.limit must be an integer >= 0 or null, got {limit!r}")
+        """Raise ConfigError (one line) before any model loads: first the typed options (unknown
+        keys, types, ranges, choices: `Config`), then the task's own and model-dependent checks
+        (override and call super), e.g. lengths beyond the model."""
+        cls.Config.parse(cfg)
         if "lengths" in cfg:   # a length grid: every entry a positive token count, whatever the task
             lengths = cfg.lengths
             if isinstance(lengths, (str, int, float)) or lengths is None:
@@ -148,6 +151,35 @@ class Task:
         """Protocol facts recorded in every row (scorer, protocol variant, template ...)."""
         return {"task": self.name}
 
+    # what the shared conformance suite checks (tests/test_tasks_conformance.py) ---------------------
+    metric: ClassVar[str] = ""                                   # the headline metric of a sample's scores
+    metric_range: ClassVar[tuple[float, float]] = (0.0, 1.0)     # (worst, best) of `metric`
+
+    @classmethod
+    def subset_names(cls) -> list[str]:
+        """The names of the task's subsets (a suite's sub-benchmarks): task and subset names must not
+        collide, or rows and tables could not tell them apart."""
+        return []
+
+    def perfect(self, sample: Sample) -> Any:
+        """What a perfect model returns for `sample`, in this task's mode: the text (generate; default:
+        the first reference), per-token NLLs (nll: zeros), the next-token distribution (choice), or
+        the comparison with a method equal to full attention (compare). Its score is the best end of
+        `metric_range`."""
+        if self.mode == "generate":
+            return sample.references[0]
+        if self.mode == "nll":
+            import torch
+
+            return torch.zeros(max(len(sample.input_ids) - 1, 1))
+        raise NotImplementedError(f"task {self.name}: say what a perfect {self.mode} output is (perfect)")
+
+    def score_output(self, sample: Sample, output: Any) -> dict[str, Any]:
+        """The metrics of one output in this task's mode (the run loop calls the mode's scorer)."""
+        scorer = {"generate": self.score, "nll": self.score_nll, "choice": self.score_choice,
+                  "compare": getattr(self, "score_compare", None)}[self.mode]
+        return scorer(sample, output)
+
     # helpers ------------------------------------------------------------------------------------
     def encode(self, text: str) -> list[int]:
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
@@ -204,5 +236,5 @@ def mean_metrics(rows: list[dict], group_by: list[str]) -> dict[str, Any]:
     return out
 
 
-REGISTRY = Registry("task", "tasks", skip=("base", "metrics"))
+REGISTRY = Registry("task", "tasks", skip=("base", "config", "metrics"))
 register = REGISTRY.register

@@ -25,14 +25,17 @@ import random
 import re
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from common.errors import ConfigError
+from common.options import option
 from tasks import metrics
 from tasks._infinitebench_prompts import MAX_NEW_TOKENS, TEMPLATES
 from tasks._tokens import encode_prompt
 from tasks.base import ModelSpec, Sample, Task, averaged_over, register, round_robin
+from tasks.config import TaskConfig
 from tasks.longbench import apply_chat, read_jsonl, resolve_subsets, wants_chat
 
 HUB_ID = "xinrongzhang2022/InfiniteBench"
@@ -144,19 +147,55 @@ def synthetic_row(task: str, units: int, depth: float, rng_state: dict, kv_newli
     return {"context": ctx, "input": QUESTION[task], "answer": rng_state["key"], "options": []}
 
 
+@dataclass(frozen=True)
+class InfiniteBenchConfig(TaskConfig):
+    """InfiniteBench (OpenBMB/InfiniteBench; hub xinrongzhang2022/InfiniteBench)."""
+
+    limit: int | None = option(None, "first N samples over all subsets (null = all)", min=0)
+    limit_per_subset: int | None = option(None, "first N samples of each subset", min=0)
+    seed: int = option(42, "")
+    subsets: str | tuple[str, ...] = option("ltri10", "preset (ltri10 = Ltri-LLM Table 2, cascade3 = Cascading Table "
+                                      "10, retrieval3, all), official task names (longbook_sum_eng, ...) or "
+                                      "aliases (En.Sum, En.QA, En.MC, En.Dia, Zh.QA, Code.Debug, Math.Find, "
+                                      "Retr.PassKey, Retr.Number, Retr.KV, Code.Run, Math.Calc), or a list of them")
+    protocol: str = option("official", "official: OpenBMB templates / max new tokens / middle truncation / "
+                           "compute_scores.py; infllm: thunlp/InfLLM benchmark templates, max new tokens, suffix "
+                           "truncation, Code.Debug scorer", choices=("official", "infllm"))
+    templates: str | None = option(None, "null = protocol default (official: gpt4 with chat, yarn_mistral raw; "
+                                   "infllm)", choices=tuple(TEMPLATES))
+    chat_template: str = option("auto", "auto | always | never (auto = the model's ModelSpec.chat_template)",
+                                choices=("auto", "always", "never"))
+    max_length: int | None = option(None, "truncation length in tokens; null = the model's max_length (OpenBMB: "
+                                    "128K)", min=2 * INFLLM_INIT_TOKENS + 1)
+    max_new_tokens: int | None = option(None, "null = the protocol's per-task table", min=1)
+    data_dir: str | None = option(None, "folder of <task>.jsonl; null = hub")
+    generate: bool = option(False, "build passkey / number_string / kv_retrieval offline from the seed")
+    gen_length: int = option(32768, "tokens of the final prompt (+-1%)", min=256)
+    gen_samples: int = option(20, "per task; needle depth i/(n-1)", min=1)
+    gen_kv_newline: bool = option(True, "Retr.KV question starts \"\\nKey: ...\" as "
+                                  "construct_synthetic_dataset.py writes it (false: without the \"\\n\", the "
+                                  "harness before issue 36: older rows)")
+
+    @classmethod
+    def smoke(cls) -> dict:
+        return {"generate": True, "subsets": "retrieval3", "gen_length": 512, "gen_samples": 2}
+
+
 @register
 class InfiniteBench(Task):
     name = "infinitebench"
+    Config = InfiniteBenchConfig
+    metric = "score"
+
+    @classmethod
+    def subset_names(cls) -> list[str]:
+        return TASKS + list(ALIASES)
 
     @classmethod
     def validate(cls, cfg, model: ModelSpec) -> None:
         super().validate(cfg, model)
         subsets = resolve_subsets(cfg.get("subsets", "ltri10"), PRESETS, TASKS, "InfiniteBench")
         protocol = cfg.get("protocol", "official")
-        if protocol not in ("official", "infllm"):
-            raise ConfigError(f"task.protocol must be official | infllm, got {protocol!r}")
-        if cfg.get("templates") not in (None, *TEMPLATES):
-            raise ConfigError(f"task.templates must be null or one of {list(TEMPLATES)}")
         wants_chat(cfg.get("chat_template", "auto"), model, False)
         max_length = cfg.get("max_length") or model.max_length
         if not isinstance(max_length, int) or max_length <= 2 * INFLLM_INIT_TOKENS:

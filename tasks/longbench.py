@@ -35,14 +35,17 @@ import io
 import json
 import zipfile
 from collections.abc import Iterator
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 from common.errors import ConfigError
+from common.options import option
 from tasks import metrics
 from tasks._tokens import bos_ids, encode_prompt  # noqa: F401  (part of this module's helpers)
 from tasks.base import ModelSpec, Sample, Task, averaged_over, register, round_robin
+from tasks.config import TaskConfig
 
 CONFIG_DIR = Path(__file__).resolve().parent / "longbench_config"
 HUB_ID = "THUDM/LongBench"
@@ -159,9 +162,42 @@ def hub_longbench_rows(fname: str) -> list[dict]:
         return [json.loads(line) for line in io.TextIOWrapper(f, encoding="utf-8") if line.strip()]
 
 
+@dataclass(frozen=True)
+class LongBenchConfig(TaskConfig):
+    """LongBench v1 (THUDM/LongBench). Prompts / max new tokens: tasks/longbench_config (official, verbatim)."""
+
+    limit: int | None = option(None, "first N samples over all subsets (null = all)", min=0)
+    limit_per_subset: int | None = option(None, "first N samples of each subset", min=0)
+    seed: int = option(42, "")
+    subsets: str | tuple[str, ...] = option("tidal8", "preset (all | en16 | e13 | quest6 | tidal8 | cascade6), one "
+                                      "subset, or a list of names/presets")
+    longbench_e: bool = option(False, "LongBench-E files (<subset>_e.jsonl) and 0-4k / 4-8k / 8k+ buckets")
+    data_dir: str | None = option(None, "folder of <subset>.jsonl rows; null = hub THUDM/LongBench data.zip")
+    chat_template: str = option("auto", "auto: the model's chat template for instruct models, except trec/"
+                                "triviaqa/samsum/lsht/lcc/repobench-p. never: raw prompts (what the Quest/"
+                                "TidalDecode/LycheeDecode repos ran for Llama-3/Qwen3). always: force.",
+                                choices=("auto", "always", "never"))
+    decode_tail: int | str = option(0, "0 = prefill the whole prompt; N = feed the last N tokens one by one "
+                                    "through decode; quest = Quest LongBench split rule (last \"Question:\"/"
+                                    "\"Now,\"/... but at most the last 100 characters)")
+    max_length: int | None = option(None, "prompt truncation length in tokens; null = the model's max_length",
+                                    min=2)
+    max_length_overrides: dict[str, int] = option(  # noqa: RUF009 (a fresh dict each)
+        {}, "per subset, e.g. {narrativeqa: 28000} (TidalDecode)", min=2)
+    max_new_tokens: int | None = option(None, "null = official dataset2maxlen", min=1)
+    code_sim_backend: str = option("levenshtein", "fuzzywuzzy ratio backend for lcc/repobench-p: levenshtein | "
+                                   "difflib", choices=("levenshtein", "difflib"))
+
+
 @register
 class LongBench(Task):
     name = "longbench"
+    Config = LongBenchConfig
+    metric = "score"
+
+    @classmethod
+    def subset_names(cls) -> list[str]:
+        return list(ALL)
 
     @classmethod
     def validate(cls, cfg, model: ModelSpec) -> None:
@@ -174,8 +210,6 @@ class LongBench(Task):
         tail = cfg.get("decode_tail", 0)
         if not (tail == "quest" or (isinstance(tail, int) and tail >= 0)):
             raise ConfigError(f"task.decode_tail must be quest or an integer >= 0, got {tail!r}")
-        if cfg.get("code_sim_backend", "levenshtein") not in ("levenshtein", "difflib"):
-            raise ConfigError("task.code_sim_backend must be levenshtein | difflib")
         for key, value in {"max_length": cfg.get("max_length") or model.max_length,
                            **dict(cfg.get("max_length_overrides") or {})}.items():
             if not isinstance(value, int) or value < 2:

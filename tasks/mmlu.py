@@ -37,13 +37,16 @@ from __future__ import annotations
 
 import csv
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
 from common.errors import ConfigError
+from common.options import option
 from tasks import hub_data
 from tasks._mmlu_subjects import CATEGORY, SUBJECTS
 from tasks.base import Sample, Task, register
+from tasks.config import TaskConfig
 
 LETTERS = "ABCD"
 HUB_ID = "cais/mmlu"
@@ -75,9 +78,49 @@ def _read_csv(path: Path) -> list[dict]:
                 for r in csv.reader(f) if r]
 
 
+@dataclass(frozen=True)
+class MMLUConfig(TaskConfig):
+    """MMLU, scored from the next-token probabilities of the answer letters (run mode `choice`).
+    protocol official: the paper's 5-shot prompt, " A".." D", micro averages; cascade: the Cascading KV
+    Cache reference's 20-shot format and letter variants, overall = mean of subject means (tasks/mmlu.py)."""
+
+    limit: int | None = option(None, "the first N test questions of each subject", min=0)
+    protocol: str = option("official", "", choices=tuple(PROTOCOLS))
+    shots: int | None = option(None, "null: the protocol's (5 official, 20 cascade)", min=0)
+    subjects: str | tuple[str, ...] = option("all", "all | a subject | a category (STEM, humanities, social sciences, "
+                                       "other) | a list")
+    data_dir: str | None = option(None, "MMLU's release folder (dev/<s>_dev.csv, val/<s>_val.csv, "
+                                  "test/<s>_test.csv); null: the hub")
+    hub_id: str | None = option(None, "null: cais/mmlu")
+    cascade_prompt: str = option("one_header", "protocol cascade: one_header (the reference job's final version, "
+                                 "behind Table 4) | per_shot_header (its earlier \"> \" header before every shot)",
+                                 choices=CASCADE_PROMPTS)
+    shots_kept: str = option("first", "a prompt too long for the model keeps its first k shots (evaluate.py "
+                             "gen_prompt) | last", choices=SHOTS_KEPT)
+
+    @classmethod
+    def smoke(cls) -> dict:
+        return {"shots": 2}
+
+
 @register
 class MMLU(Task):
     name = "mmlu"
+    Config = MMLUConfig
+    metric = "acc"
+
+    @classmethod
+    def subset_names(cls) -> list[str]:
+        return list(SUBJECTS)
+
+    def perfect(self, sample: Sample):
+        """All the next-token mass on the answer letter's candidates."""
+        import torch
+
+        cands = sample.extra["candidates"]
+        probs = torch.zeros(max(t for ids in cands for t in ids) + 1)
+        probs[list(cands[LETTERS.index(sample.references[0])])] = 1.0
+        return probs
     mode = "choice"
     # the release's folders and file suffixes: dev/<s>_dev.csv, val/<s>_val.csv, test/<s>_test.csv
     SPLIT_FILES: ClassVar[dict[str, str]] = {"dev": "dev", "validation": "val", "test": "test"}
@@ -85,15 +128,6 @@ class MMLU(Task):
     @classmethod
     def validate(cls, cfg, model) -> None:
         super().validate(cfg, model)
-        if cfg.get("protocol", "official") not in PROTOCOLS:
-            raise ConfigError(f"task.protocol must be one of {sorted(PROTOCOLS)}, got {cfg.get('protocol')!r}")
-        shots = cfg.get("shots")
-        if shots is not None and (isinstance(shots, bool) or not isinstance(shots, int) or shots < 0):
-            raise ConfigError(f"task.shots must be an integer >= 0 or null (the protocol's), got {shots!r}")
-        for key, allowed, default in (("cascade_prompt", CASCADE_PROMPTS, "one_header"),
-                                      ("shots_kept", SHOTS_KEPT, "first")):
-            if cfg.get(key, default) not in allowed:
-                raise ConfigError(f"task.{key} must be one of {list(allowed)}, got {cfg.get(key)!r}")
         _subjects(cfg.get("subjects"))
 
     @classmethod

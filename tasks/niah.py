@@ -30,11 +30,14 @@ from __future__ import annotations
 import json
 import random
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 from common.errors import ConfigError
+from common.options import option
 from tasks import hub_data, metrics
 from tasks.base import Sample, Task, register
+from tasks.config import TaskConfig
 
 # Verbatim from needle_tools.py (OURS_TEMPLATE); tests check it byte for byte.
 TEMPLATE = ("Write a high-quality answer for the given question using only the provided search results "
@@ -93,15 +96,46 @@ def load_documents(cfg) -> Iterator[str]:
         yield row["text"]
 
 
+@dataclass(frozen=True)
+class NIAHConfig(TaskConfig):
+    """Needle in a haystack, TidalDecode protocol (tasks/niah.py): "special magic {city} number" needle at
+    a sentence boundary, raw-text template (no chat template), 32 greedy tokens, substring match.
+    The run_needle_example.sh grid: lengths linspace(1000, 10000, 15) (the paper: 10K/32K/100K),
+    depths round(linspace(0, 100, 10)), 5 rounds per (length, depth)."""
+
+    seed: int = option(42, "")
+    haystack: str = option("noise", "noise (built in) | pg19 (the paper) | essays (Paul Graham, original NIAH)",
+                           choices=HAYSTACKS)
+    haystack_dir: str | None = option(None, "directory of *.txt or a .jsonl with `text`; null = hub (pg19) / "
+                                      "built in (noise)")
+    hub_id: str | None = option(None, "null = emozilla/pg19-test for pg19")
+    split: str = option("test", "")
+    lengths: tuple[int, ...] = option((4096,), "prompt tokens, exact (template, haystack, needle and question included)")
+    depths: tuple[float, ...] = option((0, 11, 22, 33, 44, 56, 67, 78, 89, 100), "percent of the haystack before "
+                                 "the needle")
+    rounds: int = option(5, "samples per (length, depth), each with its own haystack, city and number", min=1)
+    buffer: int | None = option(None, "null = exact lengths; 200 = the reference's final_context_length_buffer",
+                                min=0)
+    max_new_tokens: int = option(32, "", min=1)
+    decode_tail: int = option(0, "the reference generates straight after a dense prefill", min=0)
+    needle_block: tuple[int, ...] | None = option(None, "[first, size]: keep the needle inside one block of `size` "
+                                            "tokens starting at token `first` (Ltri-LLM figure 8's restricted "
+                                            "needle: InfLLM's n_init, block_size)", min=0)
+
+    @classmethod
+    def smoke(cls) -> dict:
+        return {"lengths": [512], "depths": [0, 50], "rounds": 1}
+
+
 @register
 class NIAH(Task):
     name = "niah"
+    Config = NIAHConfig
+    metric = "accuracy"
 
     @classmethod
     def validate(cls, cfg, model):
         super().validate(cfg, model)
-        if cfg.haystack not in HAYSTACKS:
-            raise ConfigError(f"task.haystack must be one of {', '.join(HAYSTACKS)}, got {cfg.haystack!r}")
         if cfg.haystack != "noise" and not cfg.get("haystack_dir") and not (cfg.get("hub_id")
                                                                            or cfg.haystack in HUB_DEFAULTS):
             raise ConfigError(f"task.haystack={cfg.haystack} needs task.haystack_dir (a directory of *.txt or a "
@@ -115,8 +149,6 @@ class NIAH(Task):
         for d in cfg.depths:
             if not 0 <= float(d) <= 100:
                 raise ConfigError(f"task.depths are percentages in [0, 100], got {d}")
-        if int(cfg.rounds) < 1:
-            raise ConfigError(f"task.rounds must be >= 1, got {cfg.rounds}")
         buffer = cfg.get("buffer")
         if buffer is not None and not 0 <= int(buffer) < min(int(n) for n in cfg.lengths):
             raise ConfigError(f"task.buffer must be null or in [0, shortest length), got {buffer}")

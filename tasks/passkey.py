@@ -10,10 +10,13 @@ sweeps 100 // iterations * (i + 1) percent). Score: the first integer in the out
 from __future__ import annotations
 
 import random
+from dataclasses import dataclass
 
 from common.errors import ConfigError
+from common.options import option
 from tasks import metrics
 from tasks.base import Sample, Task, register
+from tasks.config import TaskConfig
 
 DESCRIPTION = ("There is an important info hidden inside a lot of irrelevant text. Find it and memorize them. "
                "I will quiz you about the important information there.")
@@ -22,9 +25,29 @@ NEEDLE = "The pass key is {key}. Remember it. {key} is the pass key."
 QUESTION = "What is the pass key? The pass key is"
 
 
+@dataclass(frozen=True)
+class PasskeyConfig(TaskConfig):
+    """Landmark-attention / Quest passkey: "grass is green" filler, integer key in [1, 50000], exact match
+    of the first integer in the output. Lengths are in tokens of the model's tokenizer."""
+
+    seed: int = option(42, "")
+    lengths: tuple[int, ...] = option((2048, 4096), "prompt tokens, exact")
+    depths: tuple[float, ...] = option((0.2, 0.4, 0.6, 0.8, 1.0), "Quest: depth = 100 // iterations * (i + 1) percent",
+                                 min=0.0, max=1.0)
+    repeats: int = option(1, "samples per (length, depth), each with its own key", min=1)
+    max_new_tokens: int = option(10, "", min=1)
+    decode_tail: int = option(100, "Quest decodes the last 400 characters (~100 tokens) one by one", min=0)
+
+    @classmethod
+    def smoke(cls) -> dict:
+        return {"lengths": [256], "depths": [0.5, 1.0]}
+
+
 @register
 class Passkey(Task):
     name = "passkey"
+    Config = PasskeyConfig
+    metric = "accuracy"
 
     @classmethod
     def validate(cls, cfg, model):
@@ -33,9 +56,6 @@ class Passkey(Task):
             if model.too_long(int(length) + int(cfg.max_new_tokens)):
                 raise ConfigError(f"task.lengths: {length} + {cfg.max_new_tokens} new tokens exceeds "
                                   f"{model.name}'s maximum of {model.max_length} tokens")
-        for d in cfg.depths:
-            if not 0.0 <= float(d) <= 1.0:
-                raise ConfigError(f"task.depths must be fractions in [0, 1], got {d}")
 
     def __init__(self, cfg, tokenizer, model):
         super().__init__(cfg, tokenizer, model)

@@ -24,13 +24,16 @@ as the reference did (on Llama-3 that puts a BOS at the start of every piece, pr
 from __future__ import annotations
 
 import random
+from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
 import numpy as np
 
 from common.errors import ConfigError
+from common.options import option
 from tasks.base import Sample, Task, register
+from tasks.config import TaskConfig
 from tasks.metrics import passkey_digit_accuracy
 
 SYSTEM = ("There is a 5-digit pass key hidden in a lot of irrelevant text. Find the pass key and memorize "
@@ -78,16 +81,36 @@ def bin_edges(bins: list[float]) -> list[tuple[float, float]]:
     return edges
 
 
+@dataclass(frozen=True)
+class PasskeyDigitsConfig(TaskConfig):
+    """Cascading KV Cache passkey (tasks/passkey_digits.py): random-word filler, 5-digit key,
+    5 depth bins x samples_per_bin per length, greedy 50 tokens, digit accuracy per "{length}-{bin}"."""
+
+    seed: int = option(42, "")
+    lengths: tuple[int, ...] = option((32768, 65536, 131072, 262144, 524288, 1048576), "the paper's \"1M\" set")
+    bins: tuple[float, ...] = option((0.2, 0.4, 0.6, 0.8, 1.0), "bin upper edges; bin i spans (bins[i-1], bins[i]] "
+                               "of the length", min=0.0, max=1.0)
+    samples_per_bin: int = option(20, "", min=1)
+    max_new_tokens: int = option(50, "", min=1)
+    template: str = option("auto", "auto: llama31_raw on a Llama-3 vocab, else chat | llama31_raw (reference "
+                           "strings verbatim; plain text elsewhere) | chat (tokenizer template)", choices=TEMPLATES)
+    reference_bos: bool = option(False, "true: tokenize each piece with default special tokens, as the reference")
+
+    @classmethod
+    def smoke(cls) -> dict:
+        return {"lengths": [512], "samples_per_bin": 1}
+
+
 @register
 class PasskeyDigits(Task):
     name = "passkey_digits"
+    Config = PasskeyDigitsConfig
+    metric = "digit_acc"
 
     @classmethod
     def validate(cls, cfg, model) -> None:
         super().validate(cfg, model)
         template = cfg.get("template", "auto")
-        if template not in TEMPLATES:
-            raise ConfigError(f"task.template must be one of {TEMPLATES}, got {template!r}")
         if template == "chat" and not model.chat_template:
             raise ConfigError(f"task.template=chat but model {model.name} has no chat template")
         lengths = [int(x) for x in cfg.lengths]
@@ -103,8 +126,6 @@ class PasskeyDigits(Task):
         bins = [float(b) for b in cfg.bins]
         if not bins or any(b <= a for a, b in zip([0.0] + bins, bins)) or bins[-1] > 1.0:
             raise ConfigError(f"task.bins must increase within (0, 1], got {bins}")
-        if int(cfg.samples_per_bin) < 1:
-            raise ConfigError("task.samples_per_bin must be >= 1")
 
     # template -------------------------------------------------------------------------------------
     def template(self) -> str:

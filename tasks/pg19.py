@@ -23,12 +23,15 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from common.errors import ConfigError
+from common.options import option
 from tasks import hub_data
 from tasks.base import Sample, Task, register
+from tasks.config import TaskConfig
 
 PROTOCOLS = ("decode", "stride")
 
@@ -64,21 +67,46 @@ def load_books(cfg) -> Iterator[dict[str, Any]]:
         yield {"book_id": str(i), "title": title, "text": row["text"]}
 
 
+@dataclass(frozen=True)
+class PG19Config(TaskConfig):
+    """PG-19 perplexity (tasks/pg19.py). Two protocols:
+      decode: Quest/TidalDecode/Tactic - first book, first num_eval_tokens predictions, token by token
+      stride: Cascading KV Cache - every book longer than min_book_tokens, chunks of `stride` tokens"""
+
+    seed: int = option(0, "unused (deterministic data); kept for the common task keys")
+    protocol: str = option("decode", "decode | stride", choices=PROTOCOLS)
+    num_eval_tokens: int = option(32000, "decode protocol: TidalDecode 32000, Quest 30000", min=1)
+    books: int | None = option(None, "null = protocol default (decode: 1 book, stride: all qualifying books)",
+                               min=1)
+    stride: int | None = option(1024, "stride protocol: chunk length (Cascading cascade_stride)", min=1)
+    min_book_tokens: int = option(32768, "stride protocol: keep books with more tokens (the paper: > cache "
+                                  "window)", min=0)
+    max_tokens: int | None = option(None, "cap on evaluated ids per book (embedded profile: the model's 8K "
+                                    "context)", min=1)
+    curve_window: int | None = option(None, "if set: metrics.nll_curve = mean NLL per window of this many "
+                                      "predictions", min=1)
+    hub_id: str = option("emozilla/pg19-test", "")
+    split: str = option("test", "")
+    data_dir: str | None = option(None, "directory of *.txt books or a .jsonl with `text`")
+    only_split: str | None = option(None, "jsonl only: keep rows whose pg19_split equals this (e.g. test)")
+
+    @classmethod
+    def smoke(cls) -> dict:
+        return {"num_eval_tokens": 200}
+
+
 @register
 class PG19(Task):
     name = "pg19"
+    Config = PG19Config
+    metric = "ppl"
+    metric_range = (float("inf"), 1.0)
     mode = "nll"
 
     @classmethod
     def validate(cls, cfg, model) -> None:
         super().validate(cfg, model)
-        protocol = cfg.get("protocol", "decode")
-        if protocol not in PROTOCOLS:
-            raise ConfigError(f"task.protocol must be one of {PROTOCOLS}, got {protocol!r}")
-        for key in ("num_eval_tokens", "stride", "books", "max_tokens", "curve_window"):
-            v = cfg.get(key)
-            if v is not None and int(v) < 1:
-                raise ConfigError(f"task.{key} must be >= 1 or null, got {v}")
+        protocol = cfg.get("protocol", "decode")   # protocol, ranges: the typed options (PG19Config)
         if protocol == "stride" and cfg.get("stride") is None:
             raise ConfigError("task.stride must be set for protocol=stride (Cascading uses 1024)")
 

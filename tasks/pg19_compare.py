@@ -18,30 +18,56 @@ a long book (each after the first starts with the tokenizer's BOS), for more sam
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from common.errors import ConfigError
+from common.options import option
 from tasks.base import Sample, Task, mean_metrics, register
+from tasks.config import TaskConfig
 from tasks.pg19 import load_books
 
 PROTOCOLS = ("kl", "match")
 
 
+@dataclass(frozen=True)
+class PG19CompareConfig(TaskConfig):
+    """PG-19 side by side with full attention (tasks/pg19_compare.py; Tactic Figs. 9-10):
+      kl:    prefill `prefix` tokens, feed the next `steps` text tokens to both engines, KL(full || method)
+      match: same prefill, greedy decoding by each engine, tokens before the first difference"""
+
+    seed: int = option(0, "unused (deterministic data); kept for the common task keys")
+    protocol: str = option("kl", "kl | match", choices=PROTOCOLS)
+    prefix: int = option(32768, "prefilled tokens (paper: inputs truncated to 32K)", min=1)
+    steps: int = option(64, "kl: decode steps (paper 64); match: the longest match counted (paper 128)", min=1)
+    windows: int = option(1, "disjoint windows per book (1 = the paper: the start of each text)", min=1)
+    books: int | None = option(None, "cap on books (null = every book longer than min_book_tokens)", min=1)
+    min_book_tokens: int | None = option(None, "keep books with more tokens (null = prefix + steps)", min=1)
+    hub_id: str = option("emozilla/pg19-test", "")
+    split: str = option("test", "")
+    data_dir: str | None = option(None, "directory of *.txt books or a .jsonl with `text`")
+    only_split: str | None = option(None, "jsonl only: keep rows whose pg19_split equals this (e.g. test)")
+
+    @classmethod
+    def smoke(cls) -> dict:
+        return {"prefix": 64, "steps": 4}
+
+
 @register
 class PG19Compare(Task):
     name = "pg19_compare"
+    Config = PG19CompareConfig
+    metric = "kl"
+    metric_range = (float("inf"), 0.0)
+
+    def perfect(self, sample: Sample) -> dict:
+        steps = int(sample.params["steps"])
+        return {"kl": [0.0] * steps} if sample.params["protocol"] == "kl" else {"match_len": steps}
     mode = "compare"
 
     @classmethod
     def validate(cls, cfg, model) -> None:
         super().validate(cfg, model)
-        protocol = cfg.get("protocol", "kl")
-        if protocol not in PROTOCOLS:
-            raise ConfigError(f"task.protocol must be one of {', '.join(PROTOCOLS)}, got {protocol!r}")
-        for key in ("prefix", "steps", "windows", "books", "min_book_tokens"):
-            v = cfg.get(key)
-            if v is not None and int(v) < 1:
-                raise ConfigError(f"task.{key} must be >= 1 or null, got {v}")
         need = int(cfg.prefix) + int(cfg.steps)
         if need > model.positions:
             raise ConfigError(f"task.prefix + task.steps = {need} exceeds the model's {model.positions} positions")

@@ -12,12 +12,15 @@ from __future__ import annotations
 import hashlib
 import math
 import random
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from common.errors import ConfigError
+from common.options import option
 from tasks.base import ModelSpec, Sample, Task, averaged_over, register, round_robin
+from tasks.config import TaskConfig
 from tasks.metrics import RULER_METRICS, ruler_postprocess
 from tasks.ruler_gen import QA, Niah, VariableTracking
 from tasks.ruler_gen_aggregation import CommonWords, FreqWords
@@ -66,9 +69,52 @@ def _escape_twice(s: str) -> str:
     return s.replace("{", "{{{{").replace("}", "}}}}")
 
 
+@dataclass(frozen=True)
+class RulerConfig(TaskConfig):
+    """RULER (NVIDIA/RULER): 13 synthetic long-context tasks, generated per tokenizer and length."""
+
+    seed: int = option(42, "RULER's --random_seed; every sample derives its own seed from it")
+    tasks: str | tuple[str, ...] = option(
+        ("niah_single_1", "niah_single_2", "niah_single_3", "niah_multikey_1", "niah_multikey_2",
+         "niah_multikey_3", "niah_multivalue", "niah_multiquery", "vt", "cwe", "fwe", "qa_1", "qa_2"),
+        "RULER task names, or a preset: all (these 13) | synthetic (no download)")
+    lengths: tuple[int, ...] = option((4096,), "prompt + tokens_to_generate <= length, in the model's tokens")
+    samples_per_task: int = option(500, "RULER's NUM_SAMPLES (papers often use 100-200)", min=1)
+    template: str = option("auto", "auto (hf for chat models, else base) | hf | base | RULER wrapper name "
+                           "(meta-llama3, meta-chat, ...)", choices=("auto", "hf", *MODEL_TEMPLATES))
+    prompt_version: str = option("original", "original: RULER's prompts as released (vt answer prefix \"... "
+                                 "variables are assgined the value ...\", what Ltri-LLM / LycheeDecode ran); "
+                                 "fixed: upstream's later correction to \"assigned\" (@c3f5e3b)",
+                                 choices=tuple(PROMPT_VERSIONS))
+    remove_newline_tab: bool = option(False, "RULER's REMOVE_NEWLINE_TAB")
+    essay_path: str | None = option(None, "RULER's PaulGrahamEssays.json ({\"text\": ...}); null = the hub copy "
+                                    "below")
+    essay_hub_id: str = option("baber/paul_graham_essays", "")
+    sentence_splitter: str = option("punkt", "punkt (nltk's pretrained model, as RULER; needs nltk punkt_tab "
+                                    "data) | punkt_untrained", choices=("punkt", "punkt_untrained"))
+    data_dir: str | None = option(None, "folder with squad.json (SQuAD v2 dev) and hotpotqa.json (HotpotQA dev "
+                                  "distractor); null = hub")
+    english_words_path: str | None = option(None, "RULER's json/english_words.json: only cwe at lengths beyond "
+                                            "the wonderwords lists needs it")
+
+    @classmethod
+    def smoke(cls) -> dict:
+        return {"tasks": "synthetic", "lengths": [1024], "samples_per_task": 1, "template": "base",
+                "sentence_splitter": "punkt_untrained"}
+
+
 @register
 class Ruler(Task):
     name = "ruler"
+    Config = RulerConfig
+    metric = "score"
+
+    @classmethod
+    def subset_names(cls) -> list[str]:
+        return list(TASKS)
+
+    def perfect(self, sample: Sample) -> str:
+        return " ".join(sample.references)      # every needle's value: string_match_all scores it 1
 
     @classmethod
     def validate(cls, cfg, model: ModelSpec) -> None:
@@ -82,18 +128,9 @@ class Ruler(Task):
                 raise ConfigError(f"task.lengths must be positive integers, got {L!r}")
             if model.too_long(L):
                 raise ConfigError(f"RULER length {L} exceeds model {model.name}'s max_length {model.max_length}")
-        if int(cfg.get("samples_per_task", 0)) < 1:
-            raise ConfigError("task.samples_per_task must be >= 1")
         tmpl = cfg.get("template", "auto")
-        if tmpl not in ("auto", "hf", *MODEL_TEMPLATES):
-            raise ConfigError(f"task.template must be auto, hf or one of RULER's wrappers "
-                              f"({', '.join(MODEL_TEMPLATES)}), got {tmpl!r}")
         if tmpl == "hf" and not model.chat_template:
             raise ConfigError(f"task.template=hf but model {model.name} is not a chat model (chat_template: false)")
-        if cfg.get("prompt_version", "original") not in PROMPT_VERSIONS:
-            raise ConfigError(f"task.prompt_version must be one of {', '.join(PROMPT_VERSIONS)}")
-        if cfg.get("sentence_splitter", "punkt") not in ("punkt", "punkt_untrained"):
-            raise ConfigError("task.sentence_splitter must be punkt or punkt_untrained")
 
     def __init__(self, cfg, tokenizer, model: ModelSpec):
         super().__init__(cfg, tokenizer, model)
