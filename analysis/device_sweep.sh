@@ -12,8 +12,9 @@
 # first cells against BATCH=1 before relying on it), JOBS (processes at once, default 1: the embedded
 # model leaves an H100 mostly idle, each step bound by its Python host work, so JOBS=4 runs four shards
 # of the cells side by side), OUT (where the archive goes; default results/runs).
-# Needs the project's Python dependencies and the embedded model there, and the data the cells name
-# under ../shared/data: `source bench/device_setup.sh` first (carried wheels, GGUF parts, .data).
+# Needs the project's Python dependencies and the embedded model there: `source bench/device_setup.sh`
+# first (carried wheels, GGUF parts). The data the cells name is the repository's data/ (it travels
+# with the tree).
 #
 # Then, where the archive came back (repo root):
 #   tar xzf rows-KEY-PROFILE.tgz -C results/rows && make <paper>-<item>   # renders; runs nothing done

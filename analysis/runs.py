@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from analysis import compact
+from analysis.shared_data import canonical_data_path
 from runners.results import NOT_HASHED
 from runners.store import read_rows as _store_read_rows
 
@@ -277,6 +278,7 @@ def _group_defaults(group: str, name: str) -> dict | None:
 def same(a: Any, b: Any) -> bool:
     if a is _MISSING:
         return False
+    a, b = canonical_data_path(a), canonical_data_path(b)   # older runs' data path = data/X (shared_data)
     if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
         return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
     if isinstance(a, bool) or isinstance(b, bool):

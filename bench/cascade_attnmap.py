@@ -5,7 +5,7 @@ it can see (sinks, cached entries mapped back to their positions in the book, it
 accumulated into a grid x grid matrix (mean probability per block), so the cache's pattern and what
 it keeps far behind the window show. StreamingLLM = the same cache with one cascade.
 
-    python -m bench.cascade_attnmap --model smollm2 --data ../shared/data/pg19_books/pg19_books.jsonl
+    python -m bench.cascade_attnmap --model smollm2 --data data/pg19_books/pg19_books.jsonl
 
 Writes one JSON (with its command and commit) that analysis/papers/cascade_attnmap.py renders.
 """
@@ -26,6 +26,7 @@ from methods.cascade import Cascade
 from runners import models
 from runners.engine import Engine
 from runners.results import environment
+from tasks import datafiles
 
 
 class Probe(Cascade):
@@ -59,7 +60,7 @@ class Probe(Cascade):
 
 
 def first_book(path: str, tokenizer, n: int) -> list[int]:
-    with open(path, encoding="utf-8") as f:
+    with datafiles.open_text(path) as f:       # data/ stores it as .jsonl.xz
         for line in f:
             row = json.loads(line)
             if row.get("pg19_split", "test") == "test":
@@ -70,7 +71,7 @@ def first_book(path: str, tokenizer, n: int) -> list[int]:
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="smollm2")
-    ap.add_argument("--data", default="../shared/data/pg19_books/pg19_books.jsonl")
+    ap.add_argument("--data", default="data/pg19_books/pg19_books.jsonl")
     ap.add_argument("--tokens", type=int, default=8192)
     ap.add_argument("--cache", type=int, default=2048)
     ap.add_argument("--cascades", type=int, default=4)

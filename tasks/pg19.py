@@ -16,7 +16,8 @@ reference scripts do. `max_tokens` caps every book's evaluated ids (the embedded
 the `min_book_tokens` filter looks at the whole book, as the reference stats file does.
 Data: `emozilla/pg19-test` (split test, field `text`) or `data_dir`: a directory of `*.txt` books
 (sorted by file name) or a `.jsonl` file with `text` (optionally `book_id`, `short_book_title`,
-`pg19_split`; `only_split` keeps rows of one split).
+`pg19_split`; `only_split` keeps rows of one split), read from `FILE.xz` when stored so
+(tasks/datafiles.py): the repository ships the 4 test books in data/pg19_books/pg19_books.jsonl.
 """
 from __future__ import annotations
 
@@ -24,12 +25,11 @@ import json
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from common.errors import ConfigError
 from common.options import option
-from tasks import hub_data
+from tasks import datafiles, hub_data
 from tasks.base import Sample, Task, register
 from tasks.config import TaskConfig
 
@@ -41,7 +41,7 @@ def load_books(cfg) -> Iterator[dict[str, Any]]:
     data_dir = cfg.get("data_dir")
     only_split = cfg.get("only_split")
     if data_dir:
-        path = Path(str(data_dir)).expanduser()
+        path = datafiles.resolve(data_dir)
         if path.is_dir():
             files = sorted(path.glob("*.txt"))
             if not files:
@@ -49,8 +49,8 @@ def load_books(cfg) -> Iterator[dict[str, Any]]:
             for f in files:
                 yield {"book_id": f.stem, "title": f.stem, "text": f.read_text(encoding="utf-8")}
             return
-        if path.is_file() and path.suffix == ".jsonl":
-            with open(path, encoding="utf-8") as fh:
+        if datafiles.is_file(path) and datafiles.plain_name(path).endswith(".jsonl"):
+            with datafiles.open_text(path) as fh:
                 for i, line in enumerate(fh):
                     row = json.loads(line)
                     if only_split and row.get("pg19_split") != only_split:

@@ -14,6 +14,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from common.errors import ConfigError
+from tasks import datafiles
 
 ESSAY_HUB_ID = "baber/paul_graham_essays"        # the essay set lm-eval's RULER port loads
 SQUAD_HUB_ID = "rajpurkar/squad_v2"              # RULER's squad.json is SQuAD v2.0 dev
@@ -98,11 +99,10 @@ def english_words(path: str | None) -> list[str] | None:
 def essay_words(essay_path: str | None, hub_id: str = ESSAY_HUB_ID) -> list[str]:
     """niah.py: the essay text, whitespace-normalised and split on single spaces."""
     if essay_path:
-        p = Path(essay_path).expanduser()
-        if not p.is_file():
+        if not datafiles.is_file(essay_path):
             raise ConfigError(f"task.essay_path={essay_path} does not exist (RULER's PaulGrahamEssays.json, "
                               f"a json object {{\"text\": ...}})")
-        text = json.loads(p.read_text())["text"]
+        text = json.loads(datafiles.read_text(essay_path))["text"]
     else:
         try:
             import datasets

@@ -1,4 +1,5 @@
-"""Shared fixtures. Data under ../shared/data is optional: tests that need it skip when absent."""
+"""Shared fixtures. The data sets tests read ship with the repository (data/, data/README.md): a test that
+needs one fails when it is missing, it never skips."""
 from __future__ import annotations
 
 import os
@@ -13,14 +14,14 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 ROOT = Path(__file__).resolve().parents[1]
-SHARED_DATA = ROOT.parent / "shared" / "data"
+DATA = ROOT / "data"
 
 
 @pytest.fixture(scope="session")
-def shared_data() -> Path:
-    if not SHARED_DATA.is_dir():
-        pytest.skip("../shared/data is not present")
-    return SHARED_DATA
+def repo_data() -> Path:
+    """The repository's data/ (files stored as FILE.xz, read as FILE through tasks/datafiles.py)."""
+    assert (DATA / "SHA256SUMS").is_file(), f"{DATA} is missing: the repository ships its data sets there"
+    return DATA
 
 
 @pytest.fixture(scope="session")

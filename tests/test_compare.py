@@ -71,13 +71,11 @@ def test_run_batch_dispatches_compare_and_keeps_the_method_metrics():
     assert method_metrics(engine.method) == {k: v for k, v in m.items() if k.startswith("method_")}
 
 
-def test_pg19_compare_windows(smol_tokenizer, shared_data):
+def test_pg19_compare_windows(smol_tokenizer, repo_data):
     import tasks
     from tasks.base import ModelSpec
 
-    path = shared_data / "pg19_books" / "pg19_books.jsonl"
-    if not path.is_file():
-        pytest.skip("pg19_books.jsonl is not present")
+    path = repo_data / "pg19_books" / "pg19_books.jsonl"       # stored as .jsonl.xz
     cfg = OmegaConf.load("conf/task/pg19_compare.yaml")
     cfg = OmegaConf.merge(cfg, {"data_dir": str(path), "prefix": 256, "steps": 16, "windows": 2, "books": 2})
     spec = ModelSpec(name="smollm2", max_length=8192)

@@ -28,31 +28,31 @@ def cfg(name, **kw):
 
 
 @pytest.mark.parametrize("name", list(SETS))
-def test_yaml_and_local_data(name, shared_data, smol_tokenizer):
+def test_yaml_and_local_data(name, repo_data, smol_tokenizer):
     c = OmegaConf.load(ROOT / f"conf/task/{name}.yaml")
     assert c.name == name and c.limit is None and "seed" in c
     assert c.temperature == 0.6 and c.top_p == 0.95 and c.max_new_tokens == 32768
     folder, n = SETS[name]
-    task = tasks.build(cfg(name, data_dir=str(shared_data / folder)), smol_tokenizer, SPEC)
+    task = tasks.build(cfg(name, data_dir=str(repo_data / folder)), smol_tokenizer, SPEC)
     problems = task.problems()
     assert len(problems) == n and all(p["answer"] for p in problems)
     assert task.describe()["dataset"] == folder
 
 
-def test_gold_answers_by_schema(shared_data, smol_tokenizer):
-    probs = {n: tasks.build(cfg(n, data_dir=str(shared_data / SETS[n][0])), smol_tokenizer, SPEC).problems()
+def test_gold_answers_by_schema(repo_data, smol_tokenizer):
+    probs = {n: tasks.build(cfg(n, data_dir=str(repo_data / SETS[n][0])), smol_tokenizer, SPEC).problems()
              for n in SETS}
     assert probs["aime"][0]["answer"] == "204"
     assert probs["minerva_math"][0]["answer"] == "1.6"                 # last \boxed{} of the solution
     assert probs["minerva_math"][1]["answer"] == "4.5e33"
     assert probs["olympiadbench"][0]["answer"] == "2"                  # final_answer list joined
     assert probs["gaokao2023en"][0]["answer"] == "$\\{x|-2\\leq x < 1\\}$"
-    g = tasks.build(cfg("gaokao2023en", data_dir=str(shared_data / "gaokao2023en")), smol_tokenizer, SPEC)
+    g = tasks.build(cfg("gaokao2023en", data_dir=str(repo_data / "gaokao2023en")), smol_tokenizer, SPEC)
     assert g.describe()["dropped_no_gold"] == ["HMMT2023General_9", "052023SATS4_11"]   # empty answers
 
 
-def test_prompt_verbatim_and_seeds(shared_data, smol_tokenizer):
-    task = tasks.build(cfg("aime", data_dir=str(shared_data / "aime24"), k=3, seed=10, num_problems=2),
+def test_prompt_verbatim_and_seeds(repo_data, smol_tokenizer):
+    task = tasks.build(cfg("aime", data_dir=str(repo_data / "aime24"), k=3, seed=10, num_problems=2),
                        smol_tokenizer, SPEC)
     samples = list(task.limited())
     assert len(samples) == 6
@@ -62,7 +62,7 @@ def test_prompt_verbatim_and_seeds(shared_data, smol_tokenizer):
     assert smol_tokenizer.decode(samples[0].input_ids) == expected
     assert [s.seed for s in samples[:3]] == [10, 11, 12] and len({s.id for s in samples}) == 6
     assert all(s.temperature == 0.6 and s.top_p == 0.95 and s.max_new_tokens == 1024 for s in samples)
-    think = tasks.build(cfg("aime", data_dir=str(shared_data / "aime24"), think_prefix=True), smol_tokenizer, SPEC)
+    think = tasks.build(cfg("aime", data_dir=str(repo_data / "aime24"), think_prefix=True), smol_tokenizer, SPEC)
     assert smol_tokenizer.decode(next(iter(think.limited())).input_ids) == expected + "<think>\n"
 
 
@@ -109,8 +109,8 @@ def test_math_verify_equivalences(gold, answer, ok):
     assert math_verify_equal(gold, answer) is ok
 
 
-def test_score_and_pass_at_1(shared_data, smol_tokenizer):
-    task = tasks.build(cfg("aime", data_dir=str(shared_data / "aime24"), num_problems=1), smol_tokenizer, SPEC)
+def test_score_and_pass_at_1(repo_data, smol_tokenizer):
+    task = tasks.build(cfg("aime", data_dir=str(repo_data / "aime24"), num_problems=1), smol_tokenizer, SPEC)
     s = next(iter(task.limited()))
     good = "<think>maybe \\boxed{203}</think> So the walk takes \\boxed{204} minutes."
     assert task.score(s, good) == {"correct": 1.0, "boxed": 1.0, "gold_unparsed": 0.0}

@@ -11,10 +11,10 @@ from tasks.base import ModelSpec
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_math500_levels(shared_data, smol_tokenizer):
+def test_math500_levels(repo_data, smol_tokenizer):
     c = OmegaConf.load(ROOT / "conf/task/math500.yaml")
     assert c.levels is None and c.max_new_tokens == 32768
-    c.max_new_tokens, c.data_dir = 512, str(shared_data / "math500")
+    c.max_new_tokens, c.data_dir = 512, str(repo_data / "math500")
     spec = ModelSpec(name="smol", max_length=8192)
     assert len(tasks.build(c, smol_tokenizer, spec).problems()) == 500
     c.levels = [1]

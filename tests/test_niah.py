@@ -2,10 +2,13 @@
 reference template byte for byte, seeded needles, the substring scorer, validation."""
 from __future__ import annotations
 
+import json
+
 import pytest
 from omegaconf import OmegaConf
 
 from common.errors import ConfigError
+from tasks import datafiles
 from tasks.base import ModelSpec
 from tasks.niah import CITIES, NIAH, TEMPLATE, template_parts
 
@@ -36,9 +39,20 @@ def test_template_is_the_reference_byte_for_byte():
     assert len(CITIES) == 100 and CITIES.count("Chicago") == 4   # the reference list, duplicates kept
 
 
+@pytest.fixture(scope="module")
+def essays_dir(tmp_path_factory, repo_data):
+    """The original NIAH haystack as it ships in its repository: a folder of one *.txt per essay (written
+    from data/paul_graham_essays/niah_essays.jsonl, which keeps each file's name and text)."""
+    d = tmp_path_factory.mktemp("niah_essays")
+    with datafiles.open_text(repo_data / "paul_graham_essays/niah_essays.jsonl") as fh:
+        for row in map(json.loads, fh):
+            (d / f"{row['name']}.txt").write_text(row["text"], encoding="utf-8")
+    return d
+
+
 @pytest.mark.parametrize("haystack", ["noise", "essays", "pg19"])
-def test_exact_length_and_prompt_text(smol_tokenizer, shared_data, haystack):
-    dirs = {"essays": shared_data / "paul_graham_essays/niah_txt", "pg19": shared_data / "pg19_books/books"}
+def test_exact_length_and_prompt_text(smol_tokenizer, repo_data, essays_dir, haystack):
+    dirs = {"essays": essays_dir, "pg19": repo_data / "pg19_books/pg19_books.jsonl"}   # a folder; a .jsonl
     task = build(smol_tokenizer, haystack=haystack, haystack_dir=str(dirs[haystack]) if haystack in dirs else None)
     samples = list(task.samples())
     assert len(samples) == 2 * 4 * 2
@@ -51,8 +65,8 @@ def test_exact_length_and_prompt_text(smol_tokenizer, shared_data, haystack):
         assert s.max_new_tokens == 32 and s.references[0].isdigit() and len(s.references[0]) == 7
 
 
-def test_needle_at_sentence_boundary_and_depth(smol_tokenizer, shared_data):
-    task = build(smol_tokenizer, haystack="essays", haystack_dir=str(shared_data / "paul_graham_essays/niah_txt"))
+def test_needle_at_sentence_boundary_and_depth(smol_tokenizer, essays_dir):
+    task = build(smol_tokenizer, haystack="essays", haystack_dir=str(essays_dir))
     hay = task.haystack(0)[:900]
     assert task.insertion_point(hay, 0) == 0
     assert task.insertion_point(hay, 100) == len(hay)
@@ -90,8 +104,8 @@ def test_seeded_and_reproducible(smol_tokenizer):
     assert next(small.samples()).input_ids == build(smol_tokenizer).sample(1000, 50, 0).input_ids
 
 
-def test_rounds_use_different_haystacks(smol_tokenizer, shared_data):
-    task = build(smol_tokenizer, haystack="pg19", haystack_dir=str(shared_data / "pg19_books/books"))
+def test_rounds_use_different_haystacks(smol_tokenizer, repo_data):
+    task = build(smol_tokenizer, haystack="pg19", haystack_dir=str(repo_data / "pg19_books/pg19_books.jsonl"))
     assert task.haystack(0)[:200] != task.haystack(1)[:200]
     noise = build(smol_tokenizer)
     assert noise.haystack(0) == noise.haystack(1)                   # built-in text: one haystack

@@ -11,6 +11,7 @@ from omegaconf import OmegaConf
 
 import tasks
 from common.errors import ConfigError
+from tasks import datafiles
 from tasks.base import ModelSpec
 from tasks.pg19 import summarize_ppl
 
@@ -32,8 +33,16 @@ def test_yaml_common_keys():
     assert tasks.get("pg19").mode == "nll"
 
 
-def test_decode_protocol_first_book(shared_data, smol_tokenizer):
-    books = shared_data / "pg19_books" / "books"
+def _books(repo_data) -> list[dict]:
+    with datafiles.open_text(repo_data / "pg19_books" / "pg19_books.jsonl") as fh:
+        return [json.loads(line) for line in fh]
+
+
+def test_decode_protocol_first_book(tmp_path, repo_data, smol_tokenizer):
+    books = tmp_path / "books"                                # a folder of *.txt books, sorted by name
+    books.mkdir()
+    for row in _books(repo_data):
+        (books / f"{row['book_id']}.txt").write_text(row["text"], encoding="utf-8")
     task = tasks.build(cfg(data_dir=str(books), num_eval_tokens=1000), smol_tokenizer, SPEC)
     samples = list(task.limited())
     assert len(samples) == 1                                  # first book only (Quest/TidalDecode)
@@ -47,19 +56,18 @@ def test_decode_protocol_first_book(shared_data, smol_tokenizer):
     assert task.describe()["protocol"] == "decode"
 
 
-def test_decode_jsonl_split_and_max_tokens(shared_data, smol_tokenizer):
-    path = shared_data / "pg19_books" / "pg19_books.jsonl"
+def test_decode_jsonl_split_and_max_tokens(repo_data, smol_tokenizer):
+    path = repo_data / "pg19_books" / "pg19_books.jsonl"
     task = tasks.build(cfg(data_dir=str(path), only_split="test", num_eval_tokens=32000, max_tokens=512),
                        smol_tokenizer, SPEC)
     (s,) = list(task.limited())
-    with open(path, encoding="utf-8") as fh:
-        first_test = next(r for r in map(json.loads, fh) if r["pg19_split"] == "test")
+    first_test = next(r for r in _books(repo_data) if r["pg19_split"] == "test")
     assert s.params["book_id"] == first_test["book_id"]
     assert len(s.input_ids) == 512                            # max_tokens caps below num_eval_tokens + 1
 
 
-def test_stride_protocol_filters_books(tmp_path, shared_data, smol_tokenizer):
-    text = (shared_data / "pg19_books" / "books" / "10146.txt").read_text(encoding="utf-8")
+def test_stride_protocol_filters_books(tmp_path, repo_data, smol_tokenizer):
+    text = _books(repo_data)[0]["text"]                       # 10146, the first test book
     # three "books" of very different lengths: only those above min_book_tokens are evaluated
     (tmp_path / "a.txt").write_text(text[:2000], encoding="utf-8")
     (tmp_path / "b.txt").write_text(text[:40000], encoding="utf-8")

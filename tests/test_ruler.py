@@ -12,6 +12,7 @@ from omegaconf import OmegaConf
 
 import tasks
 from common.errors import ConfigError
+from tasks import datafiles
 from tasks.base import ModelSpec
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -61,8 +62,8 @@ def base(smol_tokenizer):
 
 
 @pytest.fixture(scope="module")
-def essay_path(shared_data):
-    return str(shared_data / "paul_graham_essays/ruler/PaulGrahamEssays.json")
+def essay_path(repo_data):
+    return str(repo_data / "paul_graham_essays/ruler/PaulGrahamEssays.json")
 
 
 def test_niah_single_template_and_needle_byte_identical(base):
@@ -151,7 +152,7 @@ def test_length_filled_within_one_percent_and_answers_present(base, name):
 def test_essay_tasks_fill_length(smol_tokenizer, essay_path):
     names = ["niah_single_2", "niah_single_3", "niah_multikey_1", "niah_multiquery"]
     t = make(smol_tokenizer, tasks=names, essay_path=essay_path)
-    essay = json.loads(Path(essay_path).read_text())["text"]
+    essay = json.loads(datafiles.read_text(essay_path))["text"]
     for name in names:
         s = t._sample(name, L, 0)
         assert 0.99 * L <= len(s.input_ids) + s.max_new_tokens <= L

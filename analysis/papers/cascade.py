@@ -12,7 +12,7 @@ top of the cache, 4 cascades, head reduction max (the scripts), beta 0.9999999 (
 Profiles. `paper`: the paper's models (Table 5 names Meta-Llama-3-8B while the tables say LLaMA3.1;
 our llama31_8b is Llama-3.1-8B-Instruct: see the notes), PG-19 test from the hub, caches 16K/32K/65K,
 stride 1024. `embedded`: SmolLM2-135M (8K positions) on the four PG-19 test books under
-../shared/data (57K-77K tokens each; on a GPU machine stage the file at the same relative path),
+data/pg19_books (57K-77K tokens each; the repository ships them, analysis/shared_data.py),
 caches 512/1024/2048 (the paper's 16K/32K/65K scaled to the model: the books are 30-150x longer than
 the cache, as 9.4M tokens over 77 books are ~7x a 16K cache on average), stride 128.
 
@@ -118,7 +118,7 @@ TABLE1 = Impl(
     paper=paper_rows("cascade.table1", skip_cols=lambda c: c.endswith("(+)")),
     setup={"paper": "Llama-3.1-8B-Instruct (llama31_8b) and Qwen2-7B, PG-19 test (hub), books longer than the "
                     "cache, stride 1024, 64 sinks, 4 cascades.",
-           "embedded": "SmolLM2-135M-Instruct, the 4 PG-19 test books of shared/data (57K-77K tokens), caches "
+           "embedded": "SmolLM2-135M-Instruct, the 4 PG-19 test books of data/pg19_books (57K-77K tokens), caches "
                        "512/1024/2048, stride 128, 64 sinks, 4 cascades."},
     paper_setup="LLaMA3.1-8B and Qwen2-7B, all PG-19 test books longer than the cache (91/77/62 books, 9.78M/"
                 "9.42M/8.25M tokens), stride 1K, 64 sinks, 4 cascades, beta 0.9999.",
@@ -190,7 +190,7 @@ incoming token). The paper does not state its stride here; ours is Table 1's.
 """, df, bars_figure(df, item.key, "perplexity")),
     paper=paper_rows("cascade.table3"),
     setup={"paper": "llama31_8b, the first PG-19 test book (hub order), cache 2048, 64 sinks, 4 cascades, stride 1024.",
-           "embedded": "SmolLM2-135M-Instruct, the first PG-19 test book of shared/data, cache 512, stride 128."},
+           "embedded": "SmolLM2-135M-Instruct, the first PG-19 test book of data/pg19_books, cache 512, stride 128."},
     paper_setup="LLaMA3.1-8B (the text; Table 5 lists ablations under LLaMA3.1-8B-Instruct and PG19 under "
                 "Meta-Llama-3-8B: which checkpoint is ambiguous), first book of PG-19, cache 2048.",
     metric="ppl", scale=1.0, aggregate=ppl_stats,
@@ -216,7 +216,7 @@ FIG11 = Impl(
            "book is hours); the other strides read the whole book.\n" if profile == "embedded" else ""),
         df, lines_figure(df, f"{item.key}: perplexity by stride", "stride (tokens)", "perplexity")),
     setup={"paper": "llama31_8b, first PG-19 test book, StreamingLLM = cascade with 1 cascade, cache 2048, 64 sinks.",
-           "embedded": "SmolLM2-135M-Instruct, first PG-19 test book of shared/data, cache 512."},
+           "embedded": "SmolLM2-135M-Instruct, first PG-19 test book of data/pg19_books, cache 512."},
     paper_setup="LLaMA3.1-8B (the text; Table 5 lists ablations under LLaMA3.1-8B-Instruct and PG19 under "
                 "Meta-Llama-3-8B: which checkpoint is ambiguous), first PG-19 book (strides and cache not stated; "
                 "no values printed).",

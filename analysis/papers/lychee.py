@@ -14,7 +14,7 @@ Table 2 protocol, decided from the paper (there is no public script):
   * TidalDecode: our tidal has a fixed budget only, so its rows run K=4096 (paper: half the sequence);
     its cache correction is the same correction_interval=32.
 Embedded profile: SmolLM2-135M cannot solve these sets at all, so the rows run MATH-500 level 1 (the
-easiest 43 problems; ../shared/data/math500) with the protocol unchanged. Measured: full attention solves
+easiest 43 problems; data/math500) with the protocol unchanged. Measured: full attention solves
 none of them either (0/43, one output boxed), nor 6 one-step sums (notes/lychee_math.md), so the embedded
 rows are all zero and compare nothing; the paper profile is the reproduction. Settings: max_new_tokens
 512, sinks/recent scaled to the short sequences (16 + 32) and TidalDecode K = 256; the table says so.
@@ -28,7 +28,7 @@ from analysis.catalogue import Impl, register
 from analysis.nodata import longbench
 from analysis.papers_data import rows as paper_rows
 from analysis.papers_data import setup_text
-from analysis.shared_data import EMBEDDED_RULER
+from analysis.shared_data import EMBEDDED_RULER, MATH500_DATA
 from methods.parts import headfile
 
 T2_SETS = {"gaokao2023en": "Gaokao2023En", "minerva_math": "Minerva", "aime": "AIME24", "olympiadbench": "OlympiadBench"}
@@ -55,7 +55,7 @@ def _t2_paper() -> list[list[str]]:
     return out
 
 
-T2_EMBEDDED = _t2_rows("smollm2", ["task=math500", "task.levels=[1]", "task.data_dir=../shared/data/math500",
+T2_EMBEDDED = _t2_rows("smollm2", ["task=math500", "task.levels=[1]", f"task.data_dir={MATH500_DATA}",
                                    "task.max_new_tokens=512"], ["method.sink=16", "method.recent=32"], 256)
 
 
@@ -184,7 +184,7 @@ LycheeDecode: budget 4096 (paper profile; embedded 512), 128 sinks + 256 recent 
 model's committed head file. Samples per task: not stated in the paper; 100 here (RULER's default is
 500). Embedded profile: SmolLM2-135M (8K context) at 1K/2K/4K, RULER's synthetic tasks only (qa_1 /
 qa_2 need SQuAD / HotpotQA, not available offline: their cells stay empty), 20 samples per task, the
-essay haystack from ../shared/data and nltk's untrained punkt splitter (no punkt_tab data offline).
+essay haystack from data/paul_graham_essays and nltk's untrained punkt splitter (no punkt_tab data offline).
 The embedded profile adds a control row: LycheeDecode with as many retrieval heads as the trained file
 ({smol_heads()} of 90: layer 0's 3 + the rest drawn at random, `{SMOL_RANDOM_HEADS}`), to show what the
 trained roles are worth at the same cost.
@@ -279,7 +279,7 @@ narrativeqa truncated to 28000 tokens. DuoAttention: streaming heads hold `budge
 DuoAttention* doubles its retrieval-head set (head_scale=2: the top 2N heads by the trained gates).
 LycheeDecode and DuoAttention read the model's committed head files (train: offline/train_heads.py).
 SeerAttention-R is not implemented here. No embedded profile: the LongBench data is not available
-offline (../shared/data holds only its configs).
+offline (the repository holds only its configs, tasks/longbench_config/).
 """
 
 TABLE1 = Impl(

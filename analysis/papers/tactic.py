@@ -85,7 +85,7 @@ def _ruler_sweeps(profile: str) -> list[list[str]]:
     tasks, n = RULER_RUNS[profile]
     lens = ",".join(f"[{n}]" for _, n in lengths)
     task = ["task=ruler", f"task.lengths={lens}", f"task.samples_per_task={n}", f"task.tasks={_list(tasks)}",
-            *(EMBEDDED_RULER if profile == "embedded" else ())]     # essay tasks offline: ../shared/data
+            *(EMBEDDED_RULER if profile == "embedded" else ())]     # essay tasks offline: data/
     return [[*task, *m] for m in _methods(model, budgets, page)]
 
 
@@ -186,7 +186,7 @@ and drops a long tail): notes/tactic_ruler.md.
 def pg19_task(profile: str, protocol: str, steps: int, prefix: int | None = None) -> list[str]:
     prefix = prefix or PROFILES[profile][4]
     task = ["task=pg19_compare", f"task.protocol={protocol}", f"task.prefix={prefix}", f"task.steps={steps}"]
-    if profile == "embedded":  # offline: the 4 test books of shared/data, 4 disjoint windows each (n = 16)
+    if profile == "embedded":  # offline: the 4 test books of data/pg19_books, 4 disjoint windows each (n = 16)
         task += [f"task.data_dir={PG19_DATA}", "task.only_split=test", "task.windows=4"]
     return task
 
@@ -254,7 +254,7 @@ def value_table(item, impl, df: pd.DataFrame, profile: str, out, notes: str = ""
 
 COMPARE_SETUP = {
     "paper": "Llama-3.1-8B-Instruct, PG-19 texts longer than prefix + steps (tasks/pg19_compare.py), 32K prefix.",
-    "embedded": "SmolLM2-135M-Instruct, the 4 PG-19 test books of shared/data (task.data_dir), 4 disjoint "
+    "embedded": "SmolLM2-135M-Instruct, the 4 PG-19 test books of data/pg19_books (task.data_dir), 4 disjoint "
                 "windows per book (n = 16), 4K prefix; budgets / 8 as in Tables 1-5.",
 }
 FIG9 = Impl(

@@ -257,7 +257,7 @@ FIG6_IMPL = Impl(
                                                             ylabel="perplexity", notes=FIG6_NOTES),
     setup={"paper": "Llama-3.1-8B-Instruct, 4 PG-19 test books (hub), 32,000 predictions each, token by token; "
                     "budget 1024 (Quest page 32, StreamingLLM 4 sinks).",
-           "embedded": "SmolLM2-135M-Instruct, the 4 PG-19 test books of shared/data, 8,000 predictions each, "
+           "embedded": "SmolLM2-135M-Instruct, the 4 PG-19 test books of data/pg19_books, 8,000 predictions each, "
                        "token by token; budget 128 (1024 / 8; Quest page 8, StreamingLLM 4 sinks)."},
     paper_setup="Llama-3.1-8B-Instruct, PG-19 sequences of 32K tokens, token by token, budget 1024; plot only.",
     metric="ppl", scale=1.0, aggregate=ppl_stats,

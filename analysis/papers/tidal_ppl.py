@@ -5,7 +5,7 @@ Protocol (tasks/pg19.py, protocol=decode): the references' ppl.py (Quest's ppl_e
 every token fed one at a time from the first token, so every prediction runs through the sparse decode
 path once the cache is longer than K. The `paper` profile is the reference's: the first PG-19 test
 book, 32,000 predictions, Llama-3-8B-Instruct-Gradient-1048k. The `embedded` profile runs SmolLM2-135M
-(8K context) on the 4 test books of shared/data with 8,000 predictions each, so a cell has an interval
+(8K context) on the 4 test books of data/pg19_books with 8,000 predictions each, so a cell has an interval
 (books as clusters), and scales K with the length: 2048 / 4096 of 32,000 become 512 / 1024 of 8,000.
 TidalDecode and Quest keep their method defaults (layers 0-1 dense, Quest pages of 16).
 """
@@ -159,7 +159,7 @@ FIG5 = register("tidal.fig5", Impl(
     render=_render,
     setup={"paper": "Llama-3-8B-Instruct-Gradient-1048k, the first PG-19 test book (hub), 32,000 predictions "
                     "token by token; K=2048/4096; TD+L9/L13/L15 and Quest (page 16).",
-           "embedded": "SmolLM2-135M-Instruct, the 4 PG-19 test books of shared/data, 8,000 predictions each, token "
+           "embedded": "SmolLM2-135M-Instruct, the 4 PG-19 test books of data/pg19_books, 8,000 predictions each, token "
                        "by token; K=512/1024 (2048/4096 scaled by 8,000/32,000); TD+L9/L13/L15 and Quest (page 16)."},
     paper_setup="Llama-3-8B-Instruct-Gradient-1048k, the first PG-19 test book, 32,000 tokens, token by token; "
                 "plot only.",
