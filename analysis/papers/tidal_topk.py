@@ -39,7 +39,7 @@ from analysis.catalogue import Bench, BenchFile, Impl, paper_numbers, register
 from analysis.stats import interval
 
 NUMBERS = paper_numbers("tidal")
-MEASURES = ("bench/tidal_topk.py", "methods/selection.py", "methods/full.py", "kernels/attention.py",
+MEASURES = ("bench/tidal_topk.py", "methods/parts/selection.py", "methods/full.py", "kernels/attention.py",
             "kernels/topk.py", "runners/engine.py")
 FIG1_FILES = [
     BenchFile("tidal_topk_fig1_smollm2.json", "python -m bench.tidal_topk fig1 --model smollm2", MEASURES, gpu=False),
