@@ -134,7 +134,7 @@ class MathConfig(TaskConfig):
     grader: str = option("math_verify", "math_verify (last \\boxed{} + math-verify) | qwen25_math (Qwen2.5-Math "
                          "extract_answer + strip_string + math_equal); LycheeDecode names none: tables state the "
                          "grader", choices=tuple(GRADERS))
-    data_dir: str | None = option(None, "a .jsonl or a directory with test.jsonl (../shared/data/<set>/)")
+    data_dir: str | None = option(None, "a .jsonl or a directory with test.jsonl (the repository ships them in data/<set>/)")
 
     @classmethod
     def smoke(cls) -> dict:

@@ -106,8 +106,8 @@ REF_TARGET_V1 = "> " + REF_TARGET
 
 
 def ref_format_mmlu(question, number, subject_name, target_question=False, answer_placeholder="", v1=False):
-    fields = dict(subject_name=subject_name,  # noqa: C408 (transcribed) number=number, question=question['input'], choice_a=question['A'],
-                  choice_b=question['B'], choice_c=question['C'], choice_d=question['D'])
+    fields = dict(subject_name=subject_name, number=number, question=question['input'],  # noqa: C408 (transcribed)
+                  choice_a=question['A'], choice_b=question['B'], choice_c=question['C'], choice_d=question['D'])
     if not target_question:
         return (REF_FORMAT_V1 if v1 else REF_FORMAT).format(**fields)
     return (REF_TARGET_V1 if v1 else REF_TARGET).format(**fields, answer_placeholder=answer_placeholder)
