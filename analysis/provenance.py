@@ -5,7 +5,7 @@ catalogue declares that command (catalogue.BenchFile) and the code it measures. 
 checks it against the declaration and says, in words the rendered table repeats, what is wrong:
 missing, no command recorded, another command recorded, rows merged in by hand from other commands
 (left out), no commit, or stale (the measured code changed after the recorded commit, by git; a pure move or rename of
-it is not a change: analysis/renames.py).
+it, or of definitions out of it behind an import, is not a change: analysis/renames.py).
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from analysis.renames import Renames, canonical, has_code
+from analysis.renames import Renames, canonical, has_code, moved_out, only_moved
 
 ROOT = Path(__file__).resolve().parents[1]
 # the bench scripts moved from runners/ to bench/ (commit 47602dc); older files record the old names
@@ -110,7 +110,10 @@ def edited(commit: str, measures: tuple[str, ...]) -> bool | None:
     a renamed or modified one is an edit unless its text at `commit`, with every module this diff
     renames given its new name (analysis/renames.py: paths, dotted names, import lines), is its text at
     HEAD; a Python file's code is compared (its syntax tree: docstrings, comments, layout and the order
-    of its imports compute nothing). A new package's `__init__.py` without code is not an edit."""
+    of its imports compute nothing). Definitions moved out of a measured file, verbatim, into modules it
+    now imports them from are not an edit either (`renames.moved_out`: a moved definition that also
+    changed is), nor a new measured file that holds only such moved definitions (their new home, declared
+    so that a later edit there is seen). A new package's `__init__.py` without code is not an edit."""
     return _edited(str(ROOT), commit, tuple(measures))
 
 
@@ -130,19 +133,32 @@ def _edited(root: str, commit: str, measures: tuple[str, ...]) -> bool | None:
             entries.append((status[0], words[i + 1], words[i + 1]))
             i += 2
     moves = Renames({old: new for st, old, new in entries if st == "R"})
+    destinations: dict[str, set[str]] = {}          # measured definitions moved out, by their new file
+    added = []
     for st, old, new in entries:
         if not (_under(new, measures) or _under(old, measures)):
             continue
         if st == "A" and new.endswith("__init__.py") and not has_code(_blob("HEAD", new)):
             continue                  # the marker of a package the move made (empty, or a docstring)
+        if st == "A":
+            added.append(new)
+            continue
         if st not in "RM":
             return True
         before, after = _blob(commit, old), _blob("HEAD", new)
         if before is None or after is None:
             return True
-        if canonical(moves.rewrite(before, old, new), new) != canonical(after, new):
-            return True
-    return False
+        before = moves.rewrite(before, old, new)
+        if canonical(before, new) == canonical(after, new):
+            continue
+        moved = moved_out(before, after, new, lambda path: _blob("HEAD", path))
+        if moved is None:
+            return True               # neither the same code nor definitions moved out behind an import
+        for path, names in moved.items():
+            destinations.setdefault(path, set()).update(names)
+    # a new measured file is an edit unless it holds only definitions moved out of measured files
+    return any(path not in destinations or not only_moved(_blob("HEAD", path) or "", path, destinations[path])
+               for path in added)
 
 
 def staleness(commit: str | None, measures: tuple[str, ...]) -> str | None:

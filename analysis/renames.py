@@ -187,3 +187,152 @@ def has_code(text: str | None) -> bool:
     except SyntaxError:
         return True
     return not all(isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant) for n in body)
+
+
+# --- a move of definitions out of a file, behind an import ------------------------------------------------
+# `methods/config.py` losing `_plain` to `common/options.py` (imported back from there) changes the file,
+# not what it computes: `moved_out` tells such a split from an edit. A top-level binding is a definition
+# (def, class, a plain `NAME = ...`) or an import; every other top-level statement must stay as it was.
+
+def _absolute(module: str | None, level: int, path: str) -> str:
+    """The absolute module of `from <level dots><module> import`, in the file at `path`."""
+    if not level:
+        return module or ""
+    pkg = path.split("/")[:-1]
+    pkg = pkg[:len(pkg) - (level - 1)] if level > 1 else pkg
+    return ".".join([*pkg, *([module] if module else [])])
+
+
+def _code_dump(node: ast.AST, name: str | None = None) -> str:
+    """A definition's code (docstrings out), under the name `name` if given (a move may import it under
+    its old name: `from common.options import plain as _plain`)."""
+    node = ast.parse(ast.unparse(node)).body[0]          # a copy
+    if name is not None and isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        node.name = name
+    return canonical(ast.unparse(node), "x.py")
+
+
+def _bindings(text: str, path: str) -> tuple[dict, list[str], dict] | None:
+    """(name -> ("def", code) | ("import", module, name-or-None), the other top-level statements' code, name
+    -> the definition node) of a Python file; None when it does not parse or binds a name twice."""
+    try:
+        body = ast.parse(text).body
+    except SyntaxError:
+        return None
+    if body and _is_docstring(body[0]):
+        body = body[1:]
+    binds: dict = {}
+    nodes: dict = {}
+    rest: list[str] = []
+
+    def bind(name, key, node=None):
+        if name in binds:
+            raise KeyError(name)
+        binds[name] = key
+        if node is not None:
+            nodes[name] = node
+    try:
+        for stmt in body:
+            if isinstance(stmt, ast.Import):
+                for a in stmt.names:
+                    bind(a.asname or a.name.split(".")[0], ("import", a.name if a.asname else a.name.split(".")[0], None))
+            elif isinstance(stmt, ast.ImportFrom):
+                module = _absolute(stmt.module, stmt.level, path)
+                for a in stmt.names:
+                    bind(a.asname or a.name, ("import", module, a.name))
+            elif isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                bind(stmt.name, ("def", _code_dump(stmt)), stmt)
+            elif isinstance(stmt, (ast.Assign, ast.AnnAssign)) and \
+                    all(isinstance(t, ast.Name) for t in (stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target])):
+                targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
+                for t in targets:
+                    bind(t.id, ("def", _code_dump(stmt)), stmt)
+            else:
+                rest.append(_code_dump(stmt))
+    except KeyError:
+        return None
+    return binds, rest, nodes
+
+
+def only_moved(text: str, path: str, names: set[str]) -> bool:
+    """Whether a file added since a benchmark ran holds nothing but definitions moved into it out of
+    measured files (`names`, as `moved_out` found them) and imports: then it is where measured code
+    now lives, not new code."""
+    b = _bindings(text, path)
+    return b is not None and not b[1] and all(k[0] == "import" or n in names for n, k in b[0].items())
+
+
+def _names(nodes) -> set[str]:
+    return {n.id for node in nodes for n in ast.walk(node) if isinstance(n, ast.Name)}
+
+
+def _module_path(module: str, read) -> tuple[str, str] | None:
+    """(path, text at HEAD) of a repository module, or None (a module outside the repository)."""
+    for path in (module.replace(".", "/") + ".py", module.replace(".", "/") + "/__init__.py"):
+        text = read(path)
+        if text is not None:
+            return path, text
+    return None
+
+
+def moved_out(before: str, after: str, path: str, read) -> dict[str, set[str]] | None:
+    """Whether `after` is `before` with some top-level definitions moved out, verbatim, into repository
+    modules it imports from (`read(path)`: a file's text where `after` lives, None if absent): every other
+    statement and definition unchanged; a moved definition imported back under its name, or no longer
+    named in the file; an import dropped only if the moved code used it and nothing left here does; no new name. A
+    moved definition must be equal in code (docstrings and comments aside) to the one at its new place, and
+    the top-level names it uses (helpers, imports) must mean there what they meant here. Anything else
+    (a definition changed, as it moved or after; a new one) is an edit.
+
+    The moved definitions by the path of their new file ({} when none moved), or None for an edit."""
+    if not path.endswith(".py"):
+        return None
+    b, a = _bindings(before, path), _bindings(after, path)
+    if b is None or a is None or b[1] != a[1]:
+        return None
+    (B, _, b_nodes), (A, _, _) = b, a
+    if set(A) - set(B):
+        return None                                    # a new name: new code or a new dependency
+    imported_from = {key[1] for key in A.values() if key[0] == "import"}
+    used = _names([s for s in ast.parse(after).body if not isinstance(s, (ast.Import, ast.ImportFrom))])
+    modules: dict = {}
+
+    def module(name):
+        if name not in modules:
+            found = _module_path(name, read)
+            modules[name] = found and _bindings(found[1], found[0])
+        return modules[name]
+
+    moved: list[tuple[str, str, str]] = []             # (name here, module, name there)
+    dropped: set[str] = set()
+    for name, kb in B.items():
+        ka = A.get(name)
+        if ka == kb:
+            continue
+        if kb[0] == "import":
+            if ka is not None or name in used:
+                return None                            # an import rebound, or dropped while still named
+            dropped.add(name)
+            continue
+        if ka is None:                                  # no longer named here: found in a module it imports
+            where = next((m for m in sorted(imported_from) if module(m) and module(m)[0].get(name) == kb), None)
+            if where is None:
+                return None
+            moved.append((name, where, name))
+        elif ka[0] == "import" and ka[2] is not None and module(ka[1]) and ka[2] in module(ka[1])[2] and \
+                _code_dump(module(ka[1])[2][ka[2]], name) == kb[1]:
+            moved.append((name, ka[1], ka[2]))
+        else:
+            return None                                # a definition changed in place
+    if dropped - _names([b_nodes[name] for name, _, _ in moved]):
+        return None                                    # a dropped import the moved code did not use
+    # what a moved definition names must mean the same at its new place
+    for name, where, _ in moved:
+        theirs = module(where)[0]
+        for dep in _names([b_nodes[name]]) & set(B) - {name}:
+            if theirs.get(dep) != B[dep]:
+                return None
+    out: dict[str, set[str]] = {}
+    for _, where, there in moved:
+        out.setdefault(_module_path(where, read)[0], set()).add(there)
+    return out

@@ -130,3 +130,121 @@ def test_rewrite_names_the_moved_modules_only():
     assert canonical(doc, "f.py") == canonical("import a\ndef f(x):\n    return x + 1\n", "f.py")
     assert canonical(doc, "f.py") != canonical("import a\ndef f(x):\n    return x + 2\n", "f.py")
     assert canonical("# a\n", "f.yaml") != canonical("# b\n", "f.yaml")   # other files: their text
+
+
+# --- definitions moved out of a measured file, behind an import (analysis/renames.py `moved_out`) ---------
+CONFIG = '''"""Options."""
+import textwrap
+
+from kernels._common import backend
+
+WIDTH = 110
+
+
+def _plain(cfg):
+    return dict(cfg)
+
+
+def wrap(text):
+    return textwrap.wrap(text, WIDTH)
+
+
+def parse(cfg):
+    return backend(_plain(cfg))
+'''
+SHARED = '''"""Shared options."""
+import textwrap
+
+WIDTH = 110
+
+
+def plain(cfg):
+    """Moved here."""
+    return dict(cfg)
+
+
+def wrap(text):
+    return textwrap.wrap(text, WIDTH)
+
+
+def unrelated():
+    return 3
+'''
+SPLIT = '''"""Options, on common/shared.py."""
+from common.shared import plain as _plain
+from common.shared import wrap
+from kernels._common import backend
+
+
+def parse(cfg):
+    return backend(_plain(cfg))
+'''
+
+
+def _split(repo, shared=SHARED, config=SPLIT):
+    _write(repo, {"common/__init__.py": "", "common/shared.py": shared, "pkg/config.py": config})
+    _commit(repo, "split")
+
+
+def test_definitions_moved_out_behind_an_import_keep_the_file_fresh(repo):
+    _write(repo, {"pkg/config.py": CONFIG})
+    _commit(repo, "config")
+    first = _git(repo, "rev-parse", "HEAD")
+    _split(repo)                              # WIDTH, _plain (imported under its old name), wrap moved out
+    assert provenance.staleness(first, ("pkg/config.py",)) is None
+    assert provenance.staleness(first, ("pkg",)) is None
+
+
+def test_a_moved_definition_that_changed_is_an_edit(repo):
+    _write(repo, {"pkg/config.py": CONFIG})
+    _commit(repo, "config")
+    first = _git(repo, "rev-parse", "HEAD")
+    _split(repo, shared=SHARED.replace("return dict(cfg)", "return dict(cfg or {})"))
+    assert provenance.staleness(first, ("pkg/config.py",)).startswith("stale:")
+
+
+def test_what_a_moved_definition_names_must_mean_the_same_there(repo):
+    _write(repo, {"pkg/config.py": CONFIG})
+    _commit(repo, "config")
+    first = _git(repo, "rev-parse", "HEAD")
+    _split(repo, shared=SHARED.replace("WIDTH = 110", "WIDTH = 80"))   # wrap's code equal, its WIDTH not
+    assert provenance.staleness(first, ("pkg/config.py",)).startswith("stale:")
+
+
+NO_WRAP = SHARED.replace("\n\ndef wrap(text):\n    return textwrap.wrap(text, WIDTH)\n", "")
+
+
+@pytest.mark.parametrize("config, shared", [
+    (SPLIT.replace("backend(_plain(cfg))", "backend(_plain(cfg)) + 0"), SHARED),   # a kept definition edited
+    (SPLIT + "\n\ndef extra():\n    return 1\n", SHARED),                          # new code
+    (SPLIT.replace("from common.shared import wrap\n", ""), NO_WRAP),             # wrap deleted, not moved
+    (SPLIT.replace("import plain as _plain", "import unrelated as _plain"), SHARED),  # another definition
+    (SPLIT.replace("from kernels._common import backend\n", ""), SHARED),         # an import still named
+    (SPLIT + "\nprint(1)\n", SHARED),                                              # a new statement
+])
+def test_anything_but_a_pure_split_is_an_edit(repo, config, shared):
+    _write(repo, {"pkg/config.py": CONFIG})
+    _commit(repo, "config")
+    first = _git(repo, "rev-parse", "HEAD")
+    _split(repo, shared=shared, config=config)
+    assert provenance.staleness(first, ("pkg/config.py",)).startswith("stale:")
+
+
+def test_a_new_home_of_moved_code_may_be_declared_measured(repo):
+    """Declaring the new file keeps later edits there visible; the split itself stays a move as long
+    as that file holds only the moved definitions (and imports)."""
+    _write(repo, {"pkg/config.py": CONFIG})
+    _commit(repo, "config")
+    first = _git(repo, "rev-parse", "HEAD")
+    only = SHARED.replace("\n\ndef unrelated():\n    return 3\n", "")
+    _split(repo, shared=only)
+    measures = ("pkg/config.py", "common/shared.py")
+    assert provenance.staleness(first, measures) is None
+    second = _git(repo, "rev-parse", "HEAD")
+    _write(repo, {"common/shared.py": only.replace("return dict(cfg)", "return dict(cfg or {})")})
+    _commit(repo, "edit the new home")
+    assert provenance.staleness(first, measures).startswith("stale:")
+    assert provenance.staleness(second, measures).startswith("stale:")
+    _write(repo, {"common/shared.py": SHARED})       # more than the moved code in a declared new file
+    _commit(repo, "more")
+    assert provenance.staleness(first, measures).startswith("stale:")
