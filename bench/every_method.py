@@ -26,7 +26,6 @@ skipped, with why. The whole table needs more than one 10-minute call today (pre
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import os
 import statistics
@@ -39,6 +38,7 @@ from omegaconf import OmegaConf
 
 from bench import floors
 from bench.engine import Clock, copy_bandwidth, load_bench_model, provenance
+from bench.timing import Timer, error_text, release
 from common.errors import ConfigError
 from methods import REGISTRY, build, get
 from runners.engine import Engine
@@ -63,37 +63,6 @@ def method_cfg(name: str, budget: int, model: str, random_heads: str, info) -> t
     if cfg.get("reselect_layer") is not None:
         cfg["reselect_layer"] = min(int(cfg["reselect_layer"]), info.num_layers - 1)
     return cfg, note
-
-
-class Timer:
-    """Seconds of one call: CUDA events on a GPU, perf_counter elsewhere."""
-
-    def __init__(self, device):
-        self.cuda = device.type == "cuda"
-
-    def __call__(self, fn) -> float:
-        if self.cuda:
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            fn()
-            b.record()
-            b.synchronize()
-            return a.elapsed_time(b) / 1000
-        t = time.perf_counter()
-        fn()
-        return time.perf_counter() - t
-
-
-def error_text(e: BaseException) -> str:
-    oom = isinstance(e, torch.cuda.OutOfMemoryError) or "out of memory" in str(e).lower()
-    first = (str(e).strip().splitlines() or [""])[0][:240]
-    return ("out of memory: " if oom else f"{type(e).__name__}: ") + first
-
-
-def release() -> None:
-    gc.collect()
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
 
 
 def run_cell(model, info, cfg: dict, ids, warmup: int, steps: int, timer: Timer, device) -> dict:

@@ -7,13 +7,13 @@ Each method is built from its YAML defaults plus the `name:key=value,key=value` 
 (context, method): Engine.reset + one prefill of random tokens (CUDA events), then 8 warm-up decode
 steps and 40 timed ones (CUDA events around the 40), and the peak memory of the whole (prefill
 included). An out-of-memory (or any error of one configuration) is recorded in its row, not raised:
-one bad configuration once lost a whole sweep. `--profile SPEC@CONTEXT` adds a per-kernel
+one bad configuration once lost a whole sweep. The timer, the error text and the clean-up between
+configurations are bench/timing.py's, shared with bench/every_method.py. `--profile SPEC@CONTEXT` adds a per-kernel
 profile of a few eager decode steps (torch.profiler, no CUDA graph): where a method's step goes.
 """
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import sys
 from pathlib import Path
@@ -22,6 +22,7 @@ import torch
 from omegaconf import OmegaConf
 
 from bench.engine import CONF, load_bench_model, provenance
+from bench.timing import Timer, error_text, release
 from methods import build
 from runners.engine import Engine
 from runners.results import environment
@@ -38,48 +39,34 @@ def method_cfg(spec: str):
     return OmegaConf.merge(OmegaConf.load(CONF / "method" / f"{name}.yaml"), over)
 
 
-def events():
-    return torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-
-
 def run_one(model, info, ids, spec, warmup, steps, graphs=True):
-    gc.collect()
-    torch.cuda.empty_cache()
+    release()
     torch.cuda.reset_peak_memory_stats()
     row = {"method": spec}
     eng = None
+    timer = Timer(ids.device)
     try:
         eng = Engine(model, build(method_cfg(spec), info), use_graphs=graphs)
         B, L = ids.shape
         eng.reset(B, L + warmup + steps + 8)
-        a, b = events()
-        a.record()
-        eng.prefill(ids)
-        b.record()
-        b.synchronize()
-        row["prefill_s"] = a.elapsed_time(b) / 1e3
+        row["prefill_s"] = timer(lambda: eng.prefill(ids))
         tok = ids[:, -1]
         for _ in range(warmup):
             eng.decode(tok)
-        a, b = events()
-        a.record()
-        for _ in range(steps):
-            eng.decode(tok)
-        b.record()
-        b.synchronize()
-        row["decode_ms"] = a.elapsed_time(b) / steps
+
+        def timed():                                # one pair of CUDA events around all the steps
+            for _ in range(steps):
+                eng.decode(tok)
+        row["decode_ms"] = 1e3 * timer(timed) / steps
         row["graphed"] = eng.graphs is not None
-    except torch.OutOfMemoryError as e:
-        row["error"] = "out of memory: " + str(e).split("\n")[0][:160]
     except Exception as e:  # noqa: BLE001 - one bad configuration must not lose the rest of the sweep
-        row["error"] = f"{type(e).__name__}: " + str(e).split("\n")[0][:200]
+        row["error"] = error_text(e)
     finally:
         row["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
         if eng is not None:
             eng.close()
-        del eng
-        gc.collect()
-        torch.cuda.empty_cache()
+        eng = None                                  # (the closures share it) freed before the next one
+        release()
     return row
 
 

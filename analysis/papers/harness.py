@@ -15,7 +15,7 @@ import pandas as pd
 from analysis import provenance, render
 from analysis.catalogue import Bench, BenchFile, Impl, register
 
-CODE = ("bench/every_method.py", "bench/floors.py", "bench/engine.py", "runners/engine.py", "runners/graphs.py",
+CODE = ("bench/every_method.py", "bench/timing.py", "bench/floors.py", "bench/engine.py", "runners/engine.py", "runners/graphs.py",
         "runners/layer_ops.py", "runners/models.py", "methods", "kernels", "conf/model/llama3.yaml")
 COMMAND = ("python -m bench.every_method --model llama3 --weights random --cells 32768x1 131072x1 32768x8 "
            "--budget 4096 --warmup 3 --steps 12")
