@@ -22,8 +22,8 @@ ENGINE_CODE = ("bench/engine.py", "runners/engine.py", "runners/graphs.py", "run
 TACTIC_CODE = ENGINE_CODE + ("bench/tactic.py", "methods/tactic.py", "methods/parts/tactic_rules.py",
                              "kernels/tactic_select.py", "methods/parts/cluster_keys.py", "kernels/kmeans.py", "methods/quest.py",
                              "methods/tidal.py")
-MULTIGPU_CODE = ENGINE_CODE + ("bench/multigpu.py", "runners/pipeline.py", "runners/placement.py", "runners/plan.py",
-                               "methods/tidal.py", "methods/quest.py")
+MULTIGPU_CODE = ENGINE_CODE + ("bench/multigpu.py", "runners/pipeline.py", "runners/pipeline_graphs.py",
+                               "runners/placement.py", "runners/plan.py", "methods/tidal.py", "methods/quest.py")
 # Benchmark files that no catalogue item renders but the README or an issue's bar quotes (engine vs HF
 # StaticCache; bounded-cache decode at 1M vs full at the cache size; Tactic's clustering cost and decode).
 HARNESS_FILES = [

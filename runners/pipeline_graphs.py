@@ -3,42 +3,32 @@ per segment. Kept beside, not in, runners/graphs.py: the one-GPU capture is meas
 engine benchmark, and the split adds nothing to its path."""
 from __future__ import annotations
 
-import weakref
-
 import torch
 
 from runners.graphs import DecodeGraph
 
 
-class PipelineGraphs:
-    """The decode step of a model split over GPUs (runners/pipeline.py): one CUDA graph per segment
-    (a capture belongs to one device), captured in order; between two replays the hand-off copies
-    recorded at capture (the hidden state, the method's step state) run as plain cross-device copies,
-    which order the two GPUs' streams. Re-captured, like DecodeGraph, when a declared buffer moves."""
+class _Stages:
+    """The segments' graphs replayed as one graph: each after the hand-off copies recorded before it."""
 
-    def __init__(self, engine):
-        self._engine = weakref.ref(engine)
-        self.key = None
-        self.stages = []     # [(device, graph, copies before it)]
+    def __init__(self, stages):
+        self.stages = stages             # [(device, graph or None, copies before it)]
 
-    def key_of(self, engine, token):
-        return DecodeGraph.key_of(self, engine, token)
-
-    @torch.inference_mode()
-    def step(self, token: torch.Tensor) -> torch.Tensor:
-        eng = self._engine()
-        key = self.key_of(eng, token)
-        if self.key != key:
-            self._capture(eng, token, key)
-        self.tok.copy_(token.view(-1))
-        self.pos.fill_(eng.seq_len)
+    def replay(self) -> None:
         for device, graph, copies in self.stages:
             with torch.cuda.device(device):
                 for src, dst in copies:
                     dst.copy_(src, non_blocking=True)
                 if graph is not None:
                     graph.replay()
-        return self.logits.clone()
+
+
+class PipelineGraphs(DecodeGraph):
+    """The decode step of a model split over GPUs (runners/pipeline.py): one CUDA graph per segment
+    (a capture belongs to one device), captured in order; between two replays the hand-off copies
+    recorded at capture (the hidden state, the method's step state) run as plain cross-device copies,
+    which order the two GPUs' streams. DecodeGraph's own: the key (re-captured when a declared buffer
+    moves) and the step (static inputs filled, the graph replayed: here the stages, `_Stages`)."""
 
     def _stream(self, device) -> torch.cuda.Stream:
         """A capture stream of `device` (torch.cuda.graph's default one is made once, on whichever GPU
@@ -50,7 +40,7 @@ class PipelineGraphs:
 
     def _capture(self, eng, token, key) -> None:
         p = eng.pipeline
-        self.stages, self.graph = [], None
+        self.stages, self.graph = [], None  # free the previous graphs' pools first
         self.tok = token.view(-1).clone()
         self.pos = torch.full((1,), eng.seq_len, dtype=torch.long, device=eng.device)
         saved = {} if eng.method.decode_idempotent else {
@@ -89,4 +79,4 @@ class PipelineGraphs:
         back = []
         p.goto(0, back)                                   # state that outlives the step goes home
         self.stages.append((first, None, back))
-        self.key = key
+        self.graph, self.key = _Stages(self.stages), key
