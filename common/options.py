@@ -8,10 +8,12 @@ choices, unknown keys, one ConfigError line each), the documented YAML a user re
 ("task.seed must be ...").
 
 This is methods/config.py's mechanism, lifted to common/ so tasks (which may not import methods) share
-it. methods/config.py still holds its own copy: the latency benchmarks declare it as code they measure
-(analysis/bench_run.py, analysis/papers/tidal_latency.py), and moving part of a file out is not a pure
-move the provenance check can tell from an edit, so switching it here would stale those benchmark files
-until they are re-run. The switch (MethodConfig(Options), group "method") is a 100-line deletion there.
+it, and generalised on the way (list and dict defaults copied per instance, union types, per-item ranges,
+a capped YAML key width). methods/config.py still holds its own copy: the latency benchmarks declare it
+as code they measure (analysis/bench_run.py, analysis/papers/tidal_latency.py), and switching it here
+changes its definitions, not only where they live (analysis/renames.py `moved_out` tells a pure move of
+definitions behind an import from an edit, and this is an edit), so it waits for those files' re-run
+(branch kit2-config-dedupe: MethodConfig(Options), group "method", a 100-line deletion there).
 """
 from __future__ import annotations
 
