@@ -158,24 +158,26 @@ def _write_rows(res, out, rows):
 
 
 def chunk_plan(S: int, kk: int, chunks) -> tuple[int, int]:
-    """(C, SP): chunks per row and their length for the two-stage top-k; C = 1: one stage. `chunks`:
-    an int, or "auto" (CHUNKS_AUTO: chunks of at least CHUNK_MIN_PER_K * k scores, at most CHUNKS_MAX)."""
+    """(C, SP): chunks per row and their length for the two-stage top-k; (1, S): one stage. `chunks`: an
+    int, or "auto": off unless CHUNKS_AUTO, else chunks of CHUNK_LEN scores (a power of two >= 4 k: one
+    tile of the kernel each), used when the C k candidates are at most half the row."""
     if chunks == "auto":
-        chunks = min(CHUNKS_MAX, S // max(1, CHUNK_MIN_PER_K * kk)) if CHUNKS_AUTO else 1
-    C = max(1, int(chunks))
-    if C == 1 or S <= 2 * kk:
-        return 1, S
-    per = -(-S // C)
-    SP = -(-per // 64) * 64          # a multiple of 64 (whole vector loads)
-    C = -(-S // SP)
-    return (1, S) if C * kk >= S else (C, SP)
+        if not CHUNKS_AUTO:
+            return 1, S
+        SP = max(CHUNK_LEN, next_pow2(4 * kk))
+        C = -(-S // SP)
+    else:
+        C = max(1, int(chunks))
+        per = -(-S // C)
+        SP = -(-per // 64) * 64          # a multiple of 64 (whole vector loads)
+        C = -(-S // SP)
+    return (C, SP) if C > 1 and 2 * C * kk <= S else (1, S)
 
 
-# Two-stage top-k (measured choice: notes/kernels.md, issue 33): off = one program per row (the
-# original kernel); on = rows split into chunks of >= CHUNK_MIN_PER_K * k scores, at most CHUNKS_MAX.
-CHUNKS_AUTO = False
-CHUNK_MIN_PER_K = 4
-CHUNKS_MAX = 8
+# The two-stage top-k (notes/kernels.md, issue 33): CHUNKS_AUTO off = one program per row, the kernel as
+# it was; on = rows cut into CHUNK_LEN-score chunks. WARPS: per program.
+CHUNKS_AUTO = True
+CHUNK_LEN = 1024
 WARPS = 8
 
 

@@ -130,6 +130,7 @@ def test_chunked_topk_is_the_one_stage_set(monkeypatch, S, lens, k, chunks, ties
     included, with the per-sequence k and the in-place rows of the callers."""
     monkeypatch.setenv("HARNESS_KERNELS", "triton")
     monkeypatch.setattr(T, "CHUNKS_AUTO", True)
+    monkeypatch.setattr(T, "CHUNK_LEN", 128)
     s, lengths = scores_for(len(lens), 4, S, lens, seed=S + k, ties=ties, forced=(1,))
     C, _ = T.chunk_plan(S, min(k, S), chunks)
     assert C > 1
