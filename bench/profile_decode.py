@@ -79,10 +79,18 @@ def profile_eager(eng, tok, steps: int, rows: int):
     return kernel_table(prof, steps, rows)
 
 
+_UNSET = object()
+
+
 def apply_alt(method, alt: dict) -> dict:
-    old = {k: getattr(method, k) for k in alt}
+    """Set the switches on the method object; returns what to restore (a switch the method reads with
+    a getattr default may not exist yet: it is removed again)."""
+    old = {k: getattr(method, k, _UNSET) for k in alt}
     for k, v in alt.items():
-        setattr(method, k, v)
+        if v is _UNSET:
+            delattr(method, k)
+        else:
+            setattr(method, k, v)
     return old
 
 

@@ -144,3 +144,21 @@ def test_chunked_topk_is_the_one_stage_set(monkeypatch, S, lens, k, chunks, ties
     T.topk_positions(s, lengths, k, impl="radix", chunks=chunks, row_k=rk, out=(oi, oc), rows=rows)
     ridx, rcnt = T.topk_positions_ref(s, lengths, k, rk)
     assert torch.equal(oi[:, rows, :k], ridx) and torch.equal(oc[:, rows], rcnt) and (oi[..., k:] == 0).all()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("B,H,S,k", [(1, 32, 8200, 256), (4, 32, 2052, 256), (1, 8, 2050, 64)])
+def test_chunked_topk_real_shapes(B, H, S, k):
+    """Quest's page rows at 128K / 32K and LycheeDecode's 64-slot block rows at 128K: the two-stage
+    kernel (the default) equals the one-stage kernel and the reference, bf16-like ties included."""
+    g = torch.Generator(device="cuda").manual_seed(S + k)
+    s = (torch.randn(B, H, S, device="cuda", generator=g) * 8).round() / 8
+    lengths = torch.randint(S // 2, S + 1, (B,), device="cuda", dtype=torch.int32, generator=g)
+    s = s.masked_fill(torch.arange(S, device="cuda") >= lengths.view(B, 1, 1), float("-inf"))
+    assert T.chunk_plan(S, k, "auto")[0] > 1
+    two = T.topk_positions(s, lengths, k, impl="radix")
+    one = T.topk_positions(s, lengths, k, impl="radix", chunks=1)
+    ref = T.topk_positions_ref(s, lengths, k)
+    for a in (two, one):
+        assert torch.equal(a[0], ref[0]) and torch.equal(a[1], ref[1])
