@@ -15,6 +15,11 @@ early once the chosen bucket holds exactly the entries still to take (all of the
 their lower digits): on spread scores after 2 of the 4. At most five reads of the row, no sort, no [B, H, S] temporaries (torch.topk + sort allocate and sort k-sized rows and the
 unsorted top-k reads the row more than once at large k).
 
+Two stages (`chunks`, on by default where it pays: CHUNKS_AUTO): the rows cut into chunks of CHUNK_LEN
+scores, each chunk's top-k (with its scores) by one program, then the row's top-k of the C x k candidates:
+the same set and ties (topk_positions' docstring); at batch 1 this runs C x the programs. Quest at 128K
+(8211 pages, k = 256): 48.7 -> 32.4 us a layer on the H100 (notes/kernels.md, issue 33).
+
 Dispatch by row length: one program per row is latency-bound on short rows and bandwidth-starved on
 long ones. Measured on the H100 (results/bench/lychee_kernels_h100.json, k = 4096): at 16K tokens the
 kernel takes 0.084 ms against 0.12-0.15 ms for torch.topk + sort; at 128K it takes 0.71 ms against
