@@ -213,7 +213,8 @@ def quest_page_scores(q, kmin, kmax, n_pages_valid, *, force_last: bool = False)
     return out
 
 
-def quest_select_pages(q, kmin, kmax, n_pages_valid, page_budget, *, force_last, row_budget=None):
+def quest_select_pages(q, kmin, kmax, n_pages_valid, page_budget, *, force_last, row_budget=None, chunks="auto",
+                       warps=None):
     """Quest's whole selection, per query head: (page index int32 [B, Hq, min(page_budget, NP)] sorted,
     padding 0; counts int32 [B, Hq]) = quest_topk_pages(quest_page_scores(...)) up to ties.
 
@@ -221,7 +222,8 @@ def quest_select_pages(q, kmin, kmax, n_pages_valid, page_budget, *, force_last,
     (masked, the forced page +inf) and the radix top-k with the row budget as a per-sequence k, already
     sorted by page. The torch.topk path was ~8 kernels per layer (mask, top-k, keep, sort, where):
     1.2 ms/token of top-k and sort at 32K on the H100, more than the attention it saves. Exact ties
-    in the bound go to the lower page (torch.topk breaks them arbitrarily)."""
+    in the bound go to the lower page (torch.topk breaks them arbitrarily). chunks / warps: the top-k's
+    two-stage split and warps per program (kernels/topk.py::topk_positions; the same pages)."""
     from .topk import RADIX_MAX_CONTEXT, topk_positions
 
     NP = kmin.shape[2]
@@ -230,7 +232,7 @@ def quest_select_pages(q, kmin, kmax, n_pages_valid, page_budget, *, force_last,
         return quest_topk_pages(scores, page_budget, n_pages_valid, force_last=force_last, row_budget=row_budget)
     scores = quest_page_scores(q, kmin, kmax, n_pages_valid, force_last=force_last)
     rk = None if row_budget is None else _as_batch_tensor(row_budget, q.shape[0], q.device)
-    return topk_positions(scores, None, page_budget, impl="radix", row_k=rk)
+    return topk_positions(scores, None, page_budget, impl="radix", row_k=rk, chunks=chunks, warps=warps)
 
 
 def page_keep_ref(vals, idx, n_pages, row_budget=None):

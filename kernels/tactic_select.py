@@ -94,6 +94,9 @@ def select_cluster_tokens_ref(scores, csize, cstart, order, k_row, e_pos, e_vali
 
 # --- the kernel ---------------------------------------------------------------------------------------
 
+SEARCH_NT = 4        # thresholds per search step (issue 33: 16 steps instead of the bisection's 32)
+SELECT_WARPS = 8
+
 if HAVE_TRITON:
 
     @triton.jit
@@ -111,7 +114,8 @@ if HAVE_TRITON:
     def _select_kernel(Sc, Sz, St, Od, Kr, Ep, Ev, Idx, Cnt,
                        C, H, G, EMAX, W, KMAX,
                        s_sb, s_sh, s_zb, s_zh, s_tb, s_th, s_ob, s_oh, s_kb, s_kh, s_eb,
-                       BLOCK_C: tl.constexpr, BLOCK_J: tl.constexpr, ONE: tl.constexpr):
+                       BLOCK_C: tl.constexpr, BLOCK_J: tl.constexpr, ONE: tl.constexpr,
+                       NT: tl.constexpr = 4, STEPS: tl.constexpr = 16):
         pid = tl.program_id(0)
         b = (pid // H).to(tl.int64)
         h = pid % H
@@ -130,28 +134,38 @@ if HAVE_TRITON:
         K = tl.load(Kr + b * s_kb + h * s_kh).to(tl.int64)
         K = tl.maximum(tl.minimum(tl.minimum(K, total), KMAX), 0)
 
-        # 2. bisection: invariant cnt(lo) >= K (cnt(-2^31) = total >= K); hi only drops on a failure
+        # 2. an NT-way search (STEPS steps of one reduction over NT thresholds; NT = 2 is the plain
+        # 32-step bisection, whose dependent reductions were most of the kernel at 4096 clusters):
+        # invariant cnt(lo) >= K (cnt(-2^31) = total >= K); hi + 1 is the smallest failed threshold
+        # (its count in n_gt) or past the keys. Sizes summed in int32 (a row holds < 2^31 tokens).
         if ONE:   # the whole row in registers (C <= BLOCK_C): read once, not once per step
-            key1 = _okey(tl.load(sc + cc, mask=cc < C, other=0.0))
-            size1 = tl.load(sz + cc, mask=cc < C, other=0).to(tl.int64)
+            key1 = _okey(tl.load(sc + cc, mask=cc < C, other=0.0)).to(tl.int32)
+            size1 = tl.load(sz + cc, mask=cc < C, other=0)
         lo = tl.full((), -2147483648, tl.int64)
         hi = tl.full((), 2147483647, tl.int64)
         n_gt = tl.zeros((), tl.int64)
-        for _ in range(32):
-            mid = (lo + hi + 1) >> 1     # arithmetic shift: floor, so lo < mid <= hi while lo < hi
+        jv = tl.arange(0, NT).to(tl.int64) + 1      # thresholds lo + j * step, j = 1..NT (the last never inside)
+        for _ in range(STEPS):
+            step = (hi - lo + NT) // NT              # ceil(width / NT) >= 1
+            tj = lo + jv * step
+            t32 = tl.minimum(tj, 2147483647).to(tl.int32)   # past hi anyway where clipped (masked by ok)
             if ONE:
-                cnt = tl.sum(tl.where(key1 >= mid, size1, 0), 0)
+                cnt = tl.sum(tl.where(key1[None, :] >= t32[:, None], size1[None, :], 0), 1).to(tl.int64)
             else:
-                cnt = tl.zeros((), tl.int64)
+                cnt = tl.zeros((NT,), tl.int64)
                 for c0 in range(0, C, BLOCK_C):
                     m = c0 + cc < C
-                    key = _okey(tl.load(sc + c0 + cc, mask=m, other=0.0))
-                    size = tl.load(sz + c0 + cc, mask=m, other=0).to(tl.int64)
-                    cnt += tl.sum(tl.where(key >= mid, size, 0), 0)
-            ok = cnt >= K
-            n_gt = tl.where(ok, n_gt, cnt)    # the last failure is at T + 1
-            lo = tl.where(ok, mid, lo)
-            hi = tl.where(ok, hi, mid - 1)
+                    key = _okey(tl.load(sc + c0 + cc, mask=m, other=0.0)).to(tl.int32)
+                    size = tl.load(sz + c0 + cc, mask=m, other=0)
+                    cnt += tl.sum(tl.where(key[None, :] >= t32[:, None], size[None, :], 0), 1).to(tl.int64)
+            ok = (tj <= hi) & (cnt >= K)               # non-increasing in j: a prefix of the thresholds
+            js = tl.max(tl.where(ok, jv, 0), 0)
+            tf = lo + (js + 1) * step                  # the first failing threshold, if inside [lo, hi]
+            cf = tl.sum(tl.where(jv == js + 1, cnt, 0), 0)
+            inside = tf <= hi
+            n_gt = tl.where(inside, cf, n_gt)
+            hi = tl.where(inside, tf - 1, hi)
+            lo = lo + js * step
         T = lo
         need = K - n_gt
 
@@ -205,11 +219,22 @@ if HAVE_TRITON:
         tl.store(Cnt + pid, n.to(tl.int32))
 
 
+def search_steps(nt: int) -> int:
+    """Steps of the NT-way search to narrow the 2^32 keys to one: w -> ceil(w / NT)."""
+    w, n = 1 << 32, 0
+    while w > 1:
+        w, n = -(-w // nt), n + 1
+    return n
+
+
 def select_cluster_tokens(scores, csize, cstart, order, k_row, e_pos, e_valid, kmax, *, ranking=None,
-                          block_c: int | None = None, block_j: int | None = None):
+                          block_c: int | None = None, block_j: int | None = None, nt: int | None = None,
+                          warps: int | None = None):
     """(index int32 [B, H, kmax + Emax], counts int32 [B, H]): the module's contract. Triton on CUDA,
     the reference elsewhere (`ranking` is used by the reference only). csize, cstart and order may
-    have any strides but a unit last one; block_c / block_j override the tile sizes (tests: several tiles)."""
+    have any strides but a unit last one; block_c / block_j override the tile sizes (tests: several tiles).
+    nt: thresholds per step of the search for the K-th cluster key (SEARCH_NT; 2 = the bisection it
+    replaced), warps: per program (SELECT_WARPS): timing switches, the same set whatever they are."""
     if backend_for(scores) == "torch":
         return select_cluster_tokens_ref(scores, csize, cstart, order, k_row, e_pos, e_valid, kmax, ranking)
     B, H, C = scores.shape
@@ -235,5 +260,6 @@ def select_cluster_tokens(scores, csize, cstart, order, k_row, e_pos, e_valid, k
         sc.stride(0), sc.stride(1), csize.stride(0), csize.stride(1), cstart.stride(0), cstart.stride(1),
         order.stride(0), order.stride(1),
         kr.stride(0), kr.stride(1), ev.stride(0),
-        BLOCK_C=bc, BLOCK_J=bj, ONE=C <= bc, num_warps=8 if cuda else 1)
+        BLOCK_C=bc, BLOCK_J=bj, ONE=C <= bc, NT=nt or SEARCH_NT, STEPS=search_steps(nt or SEARCH_NT),
+        num_warps=(warps or SELECT_WARPS) if cuda else 1)
     return idx, cnt

@@ -15,6 +15,11 @@ early once the chosen bucket holds exactly the entries still to take (all of the
 their lower digits): on spread scores after 2 of the 4. At most five reads of the row, no sort, no [B, H, S] temporaries (torch.topk + sort allocate and sort k-sized rows and the
 unsorted top-k reads the row more than once at large k).
 
+Two stages (`chunks`, on by default where it pays: CHUNKS_AUTO): the rows cut into chunks of CHUNK_LEN
+scores, each chunk's top-k (with its scores) by one program, then the row's top-k of the C x k candidates:
+the same set and ties (topk_positions' docstring); at batch 1 this runs C x the programs. Quest at 128K
+(8211 pages, k = 256): 48.7 -> 32.4 us a layer on the H100 (notes/kernels.md, issue 33).
+
 Dispatch by row length: one program per row is latency-bound on short rows and bandwidth-starved on
 long ones. Measured on the H100 (results/bench/lychee_kernels_h100.json, k = 4096): at 16K tokens the
 kernel takes 0.084 ms against 0.12-0.15 ms for torch.topk + sort; at 128K it takes 0.71 ms against
@@ -27,7 +32,7 @@ from __future__ import annotations
 
 import torch
 
-from ._common import backend_for, kernel_for, tl, triton
+from ._common import backend_for, kernel_for, next_pow2, tl, triton
 from .attention import topk_positions as torch_topk_positions
 
 RADIX_MAX_CONTEXT = 32768  # longer rows: torch.topk (module docstring)
@@ -59,12 +64,19 @@ def _key(x):
 
 
 @triton.jit
-def _topk_kernel(Sc, Idx, Cnt, Rows, Kb, S, K, N, s_sb, s_sh, s_ib, s_ih, s_cb, s_ch,
-                 BLOCK: tl.constexpr, KPAD: tl.constexpr, HAS_ROWS: tl.constexpr, HAS_KB: tl.constexpr):
+def _topk_kernel(Sc, Idx, Cnt, Rows, Kb, Vals, Map, S_ROW, K, N, C, SP, s_sb, s_sh, s_ib, s_ih, s_cb, s_ch,
+                 BLOCK: tl.constexpr, KPAD: tl.constexpr, HAS_ROWS: tl.constexpr, HAS_KB: tl.constexpr,
+                 HAS_VALS: tl.constexpr = False, HAS_MAP: tl.constexpr = False):
+    # Program (b, i), i < N: output row i. Its scores are chunk i % C (SP entries from i % C * SP) of score
+    # row i // C: C = 1 is the plain top-k; C > 1 is the chunked first stage (`_chunked`), which also writes
+    # the kept scores (Vals, -inf padding); HAS_MAP (the second stage) stores Map[position] instead of it.
     pid = tl.program_id(0)
     b = (pid // N).to(tl.int64)
     i = pid % N
-    base = Sc + b * s_sb + i.to(tl.int64) * s_sh
+    srow = (i // C).to(tl.int64)
+    c0 = (i % C) * SP
+    S = tl.minimum(SP, S_ROW - c0)
+    base = Sc + b * s_sb + srow * s_sh + c0
     orow = tl.load(Rows + i).to(tl.int64) if HAS_ROWS else i.to(tl.int64)
     bins = tl.arange(0, 256)
     prefix = tl.zeros((), tl.uint32)
@@ -75,7 +87,7 @@ def _topk_kernel(Sc, Idx, Cnt, Rows, Kb, S, K, N, s_sb, s_sh, s_ib, s_ih, s_cb, 
         shift = 24 - 8 * p   # a constexpr (p is): Triton 3.6 refuses re-annotating one in an unrolled loop
         if not done:
             hist = tl.zeros((256,), tl.int32)
-            for s0 in range(0, S, BLOCK):
+            for s0 in range(0, SP, BLOCK):   # SP >= S: a host int (the interpreter ranges over ints)
                 offs = s0 + tl.arange(0, BLOCK)
                 x = tl.load(base + offs, mask=offs < S, other=float("-inf"))
                 cand = (offs < S) & (x > float("-inf"))
@@ -106,7 +118,7 @@ def _topk_kernel(Sc, Idx, Cnt, Rows, Kb, S, K, N, s_sb, s_sh, s_ib, s_ih, s_cb, 
     written = tl.zeros((), tl.int32)
     ties = tl.zeros((), tl.int32)
     out = Idx + b * s_ib + orow * s_ih
-    for s0 in range(0, S, BLOCK):
+    for s0 in range(0, SP, BLOCK):   # SP >= S: a host int (the interpreter ranges over ints)
         offs = s0 + tl.arange(0, BLOCK)
         x = tl.load(base + offs, mask=offs < S, other=float("-inf"))
         fin = (offs < S) & (x > float("-inf"))
@@ -115,13 +127,22 @@ def _topk_kernel(Sc, Idx, Cnt, Rows, Kb, S, K, N, s_sb, s_sh, s_ib, s_ih, s_cb, 
         tie_rank = ties + tl.cumsum(tie.to(tl.int32), 0) - 1
         sel = fin & ((key > prefix) | (tie & (tie_rank < k_rem)))
         pos = written + tl.cumsum(sel.to(tl.int32), 0) - 1
-        tl.store(out + pos, offs.to(tl.int32), mask=sel & (pos < KPAD))
+        if HAS_MAP:   # second stage: the candidate's position in the score row (candidates are in its order)
+            val = tl.load(Map + b * s_sb + srow * s_sh + offs, mask=sel, other=0)
+        else:
+            val = offs + c0
+        tl.store(out + pos, val.to(tl.int32), mask=sel & (pos < KPAD))
+        if HAS_VALS:
+            tl.store(Vals + b * s_ib + orow * s_ih + pos, x, mask=sel & (pos < KPAD))
         written += tl.sum(sel.to(tl.int32), 0)
         ties += tl.sum(tie.to(tl.int32), 0)
     n_keep = tl.minimum(written, KPAD)
     for j0 in range(0, KPAD, BLOCK):
         jj = j0 + tl.arange(0, BLOCK)
         tl.store(out + jj, tl.zeros((BLOCK,), tl.int32), mask=(jj >= n_keep) & (jj < KPAD))
+        if HAS_VALS:
+            tl.store(Vals + b * s_ib + orow * s_ih + jj, tl.full((BLOCK,), float("-inf"), tl.float32),
+                     mask=(jj >= n_keep) & (jj < KPAD))
     tl.store(Cnt + b * s_cb + orow * s_ch, n_keep)
 
 
@@ -141,12 +162,43 @@ def _write_rows(res, out, rows):
     return out
 
 
+def chunk_plan(S: int, kk: int, chunks) -> tuple[int, int]:
+    """(C, SP): chunks per row and their length for the two-stage top-k; (1, S): one stage. `chunks`: an
+    int, or "auto": off unless CHUNKS_AUTO, else chunks of CHUNK_LEN scores (a power of two >= 4 k: one
+    tile of the kernel each), used when the C k candidates are at most half the row."""
+    if chunks == "auto":
+        if not CHUNKS_AUTO:
+            return 1, S
+        SP = max(CHUNK_LEN, next_pow2(4 * kk))
+        C = -(-S // SP)
+    else:
+        C = max(1, int(chunks))
+        per = -(-S // C)
+        SP = -(-per // 64) * 64          # a multiple of 64 (whole vector loads)
+        C = -(-S // SP)
+    return (C, SP) if C > 1 and 2 * C * kk <= S else (1, S)
+
+
+# The two-stage top-k (notes/kernels.md, issue 33): CHUNKS_AUTO off = one program per row, the kernel as
+# it was; on = rows cut into CHUNK_LEN-score chunks. WARPS: per program.
+CHUNKS_AUTO = True
+CHUNK_LEN = 1024
+WARPS = 8
+
+
 def topk_positions(scores, lengths, topk, *, block: int | None = None, impl: str = "auto", out=None, rows=None,
-                   row_k=None):
+                   row_k=None, chunks="auto", warps: int | None = None):
     """Top-`topk` positions per row (module docstring). Triton on CUDA, the reference elsewhere.
     impl: auto (radix kernel up to RADIX_MAX_CONTEXT, torch.topk beyond) | radix | torch.
     row_k (int32 [B] on the device, each <= topk): k per sequence, without a host sync (radix kernel
     and reference only: the torch.topk path refuses it).
+
+    chunks (radix kernel): C > 1 splits each row into C chunks, one program each (C x the programs of a
+    row: at batch 1 one program per row leaves most SMs idle), keeps each chunk's top-k with its scores,
+    then selects the row's top-k among those C x k candidates. The same set, ties included: an entry of the
+    row's top-k (rank by score, then lower position) has fewer than k entries of its chunk ahead of it, so
+    it is among its chunk's top-k; the candidates stay in position order, so the second stage's ties (lower
+    candidate first) are the row's (lower position first). "auto": chunk_plan. warps: per program (8).
 
     out = (index int32 [B, Ho, W], counts int32 [B, Ho]), W >= min(topk, S): the result is written in
     place, row h of the scores into row rows[h] (rows: int64 [H] on the device; None: row h), index
@@ -178,12 +230,24 @@ def topk_positions(scores, lengths, topk, *, block: int | None = None, impl: str
         if out is not None:
             return _write_rows((idx.new_zeros(B, H, 0), cnt.new_zeros(B, H)), out, rows)
         return idx, cnt.zero_()
-    blk = block or (1024 if scores.is_cuda else 64)
+    nw = (warps or WARPS) if scores.is_cuda else 1
     has_rows = rows is not None
+    kb = row_k if row_k is not None else cnt
+    C, SP = chunk_plan(S, kk, chunks)
+    if C > 1:   # first stage: each chunk's top-k and its scores, in position order
+        i1 = torch.empty(B, H * C, kk, device=scores.device, dtype=torch.int32)
+        v1 = torch.empty(B, H * C, kk, device=scores.device, dtype=torch.float32)
+        c1 = torch.empty(B, H * C, device=scores.device, dtype=torch.int32)
+        blk1 = block or (min(1024, next_pow2(SP)) if scores.is_cuda else 64)
+        kernel_for(_topk_kernel, scores)[(B * H * C,)](
+            sc, i1, c1, c1, c1, v1, i1, S, kk, H * C, C, SP, sc.stride(0), sc.stride(1), i1.stride(0),
+            i1.stride(1), c1.stride(0), c1.stride(1), BLOCK=blk1, KPAD=kk, HAS_ROWS=False, HAS_KB=False,
+            HAS_VALS=True, num_warps=nw)
+        sc, S = v1.view(B, H, C * kk), C * kk
+    blk = block or ((min(1024, next_pow2(S)) if C > 1 else 1024) if scores.is_cuda else 64)
     kernel_for(_topk_kernel, scores)[(B * H,)](
-        sc, idx, cnt, rows if has_rows else cnt, row_k if row_k is not None else cnt, S, kk, H,
+        sc, idx, cnt, rows if has_rows else cnt, kb, cnt, i1 if C > 1 else cnt, S, kk, H, 1, S,
         sc.stride(0), sc.stride(1), idx.stride(0),
         idx.stride(1), cnt.stride(0), cnt.stride(1), BLOCK=blk, KPAD=idx.shape[-1], HAS_ROWS=has_rows,
-        HAS_KB=row_k is not None,
-        num_warps=8 if scores.is_cuda else 1)
+        HAS_KB=row_k is not None, HAS_MAP=C > 1, num_warps=nw)
     return (idx, cnt) if out is None else out

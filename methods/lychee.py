@@ -284,7 +284,8 @@ class LycheeDecode(HybridHeads):
         c = self.cfg
         scale = REFERENCE_SCALE if c.prob_scale == "reference" else self.info.scaling
         if c.block_size > 1:
-            return lychee_sets.top_blocks(scores, c.budget // c.block_size, out=out, rows=rows)
+            return lychee_sets.top_blocks(scores, c.budget // c.block_size, out=out, rows=rows,
+                                          chunks=getattr(self, "topk_chunks", "auto"))
         if c.mode == "topk":
             return lychee_sets.topk(scores, self.lengths, c.budget, c.sink, c.recent, out=out, rows=rows)
         if c.mode == "ratio":

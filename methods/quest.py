@@ -97,6 +97,10 @@ class Quest(Method):
         # per layer; the suspected cause of a 0.6-1.3 ms/token Quest slowdown seen on the H100 after
         # the method kit, not yet re-measured).
         self._sets: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+        # Timing switches of the page top-k (kernels/topk.py; the same pages whatever they are): "auto" =
+        # the module's measured choice, 1 = one program per row (the path before issue 33's pass).
+        self.topk_chunks = getattr(self, "topk_chunks", "auto")
+        self.topk_warps = getattr(self, "topk_warps", None)
 
     def buffers(self):
         return {**self.store.buffers(), **self.bounds.buffers()}
@@ -139,7 +143,8 @@ class Quest(Method):
         kmin, kmax = self.bounds.kmin[layer], self.bounds.kmax[layer]
         if c.pool == "query_head":  # scores + top-k in two kernels on the GPU (kernels/quest_pages.py)
             return quest_select_pages(q1, kmin, kmax, self.pages_valid, self.page_budget,
-                                      force_last=c.include_current_page, row_budget=self.row_budget)
+                                      force_last=c.include_current_page, row_budget=self.row_budget,
+                                      chunks=self.topk_chunks, warps=self.topk_warps)
         scores = kernels.quest_page_scores(q1, kmin, kmax, self.pages_valid)  # [B, Hq, n_pages] fp32
         scores = selection.group_reduce(scores, self.info.num_kv_heads, "sum")
         pages, counts = selection.top_pages(scores, self.pages_valid, self.page_budget,

@@ -47,7 +47,7 @@ from methods.parts import selection
 from methods.parts.cluster_keys import METRICS
 from methods.parts.stores import FullStore
 from methods.parts.stores_clusters import ClusterIndex
-from methods.parts.tactic_probe import Probe, diagnose, reach, report
+from methods.parts.tactic_probe import Probe, diagnose, global_optimal, reach, report
 from methods.parts.tactic_rules import (
     fit_curve,
     harmonic,
@@ -55,7 +55,6 @@ from methods.parts.tactic_rules import (
     per_row,
     rows_gather_vec,
     tail_mass,
-    top_p_sorted,
 )
 
 MODES = ("fit", "topk", "oracle_global", "oracle_cluster")
@@ -171,7 +170,10 @@ class Tactic(Method):
         self.index = getattr(self, "index", None) or ClusterIndex()
         self.index.allocate(info.num_layers, batch, info.num_kv_heads, cmax, max_len, info.head_dim, device, dtype)
         self.harm = harmonic(max_len, device)
-        self.tally = torch.zeros(2, device=device)              # sum of mean attended per layer-step, count
+        # attended tokens per layer summed over decode steps, and the steps: one add a layer, not 5
+        self._acc = torch.zeros(info.num_layers, batch, info.num_heads if c.select == "query_head"
+                                else info.num_kv_heads, dtype=torch.float64, device=device)
+        self._nsteps = torch.zeros((), dtype=torch.float64, device=device)
         # A graph replays host ints (cluster counts, spans) as constants: every clustering event (and
         # every new sequence) declares a new slice of `epochs`, so the engine re-captures.
         if getattr(self, "epochs", None) is None or self.epochs.device != torch.device(device):
@@ -186,7 +188,7 @@ class Tactic(Method):
             self.probe.reset()
 
     def buffers(self):
-        return {**self.store.buffers(), **self.index.buffers(), "harm": self.harm, "tally": self.tally,
+        return {**self.store.buffers(), **self.index.buffers(), "harm": self.harm, "acc": self._acc, "nsteps": self._nsteps,
                 "epoch": self.epochs[self._epoch % 2:self._epoch % 2 + 1]}
 
     def _cluster(self, limit: int) -> None:
@@ -237,6 +239,7 @@ class Tactic(Method):
         if self.probe is not None:
             self.probe.new_step()
         self.selected = {}
+        self._nsteps.add_(1)
         if not self.n_tok:
             return
         dev = self.lengths.device
@@ -259,6 +262,8 @@ class Tactic(Method):
             ranks += [torch.arange(s, s + w, device=dev) for s in starts]
         self.samp = torch.cat(ranks)
         self.m_len = torch.full((self.batch,), self.e_max + self.samp.numel(), dtype=torch.int32, device=dev)
+        # top-k mode's list length per row, the same in every layer of the step
+        self.k_topk = (c.budget - self.n_e).clamp(0, self.n_tok).view(self.batch, 1).expand(self.batch, self.rows)
 
     def attend(self, layer, q, k, v, rope):
         step, c, scale = self.step, self.cfg, self.info.scaling
@@ -281,7 +286,12 @@ class Tactic(Method):
     def _count(self, layer, counts):
         self.record(layer, counts)
         self._heads[layer] = counts
-        self.tally += torch.stack([counts.float().mean(), torch.ones((), device=counts.device)])
+        self._acc[layer].add_(counts)
+
+    @property
+    def tally(self) -> torch.Tensor:
+        """(sum over layer-steps of the mean attended tokens, layer-steps): each step counts every layer."""
+        return torch.stack([self._acc.mean((1, 2)).sum(), self._nsteps * self._acc.shape[0]])
 
     # --- selection ---------------------------------------------------------------------------------
     def select(self, layer: int, q1: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -298,7 +308,7 @@ class Tactic(Method):
         if c.target >= 1.0 and c.mode != "topk":
             k_row = torch.full((B, H), self.n_tok, dtype=torch.long, device=q1.device)
         elif c.mode == "topk":
-            k_row = (c.budget - self.n_e).clamp(0, self.n_tok).view(B, 1).expand(B, H)
+            k_row = self.k_topk
         elif c.mode == "fit":
             k_heads, est = self._fit(layer, q1, r)
             k_row = per_row(k_heads, H)
@@ -308,7 +318,8 @@ class Tactic(Method):
         # list ranks 0..K-1 then the valid exact set; only selectable ranks are unpacked (topk: K <= budget)
         kmax = min(self.n_tok, c.budget) if c.mode == "topk" else self.n_tok
         index, counts = select_cluster_tokens(s, csize, self.index.cstart[layer], self.index.order[layer],
-                                              k_row, self.e_pos, self.e_valid, kmax, ranking=r)
+                                              k_row, self.e_pos, self.e_valid, kmax, ranking=r,
+                                              nt=getattr(self, "select_nt", None))   # a timing switch
         self.selected[layer] = (index, counts)
         if self.probe is not None:
             diagnose(self, layer, q1, r, index, counts, est)
@@ -316,14 +327,16 @@ class Tactic(Method):
 
     def _scores(self, layer, q1):
         """Cluster scores per row [B, H, n] by q.centroid (per query head, or the group's summed
-        probabilities; empty clusters -inf) and the sizes [B, Hkv, n] that rank them."""
+        probabilities; empty clusters -inf, except for the top-k kernel alone: it takes nothing from an
+        empty cluster whatever its score) and the sizes [B, Hkv, n] that rank them."""
         c, n = self.cfg, self.n_clu
         cent = self.index.cent[layer]
         _, s = kernels.selection_attention(q1, cent, cent, self.clu_len, self.info.scaling, max_length=n)
         B, Hq, _ = s.shape
         Hkv = self.info.num_kv_heads
         csize = self.index.csize[layer][..., :n]
-        s = s.view(B, Hkv, Hq // Hkv, n).masked_fill((csize == 0).unsqueeze(2), float("-inf")).view(B, Hq, n)
+        if not (c.mode == "topk" and c.select == "query_head" and self.probe is None):   # the kernel alone takes
+            s = s.view(B, Hkv, Hq // Hkv, n).masked_fill((csize == 0).unsqueeze(2), float("-inf")).view(B, Hq, n)
         if c.select == "kv_head":
             s = selection.group_reduce(s, Hkv, "softmax_sum", self.info.scaling)
         return s, csize
@@ -378,23 +391,7 @@ class Tactic(Method):
 
     def _global(self, layer, q1):
         """Global optimal: per row, the fewest tokens by descending true weight reaching the target."""
-        c = self.cfg
-        probs, _ = self._exact(layer, q1)
-        B, Hq, S = probs.shape
-        rank_by = probs if self.rows == Hq else probs.view(B, self.rows, Hq // self.rows, S).sum(2)
-        live = torch.arange(S, device=probs.device).view(1, 1, S) < self.lengths.view(B, 1, 1)
-        order = torch.where(live, rank_by, -1.0).sort(dim=-1, descending=True, stable=True).indices  # unwritten last
-        if c.target >= 1.0:
-            k_row = self.lengths.view(B, 1).expand(B, self.rows).long()
-        else:
-            along = probs.gather(-1, order.repeat_interleave(Hq // self.rows, 1))
-            k_row = per_row(top_p_sorted(along, c.target), self.rows)
-        counts = torch.minimum(k_row, self.lengths.view(B, 1).long()).int()
-        index = order.int()
-        self.selected[layer] = (index, counts)
-        if self.probe is not None:
-            diagnose(self, layer, q1, None, index, counts, None)
-        return index, counts
+        return global_optimal(self, layer, q1)
 
     def stats(self):
         return report(self, super().stats())

@@ -93,14 +93,15 @@ def check(got, want, cap):
 @pytest.mark.parametrize("G", [3, 1])    # rows per query head (H = 3 Hkv) or per KV head (H = Hkv)
 @pytest.mark.parametrize("ties", [False, True])
 @pytest.mark.parametrize("blocks", [(None, None), (16, 8)])
-def test_kernel_matches_reference(monkeypatch, G, ties, blocks):
+@pytest.mark.parametrize("nt", [None, 2, 16])   # the search's thresholds per step: 2 = the old bisection
+def test_kernel_matches_reference(monkeypatch, G, ties, blocks, nt):
     monkeypatch.setenv("HARNESS_KERNELS", "triton")
     B, Hkv, C = 2, 2, 50
     scores, csize, cstart, order, k_row, e_pos, e_valid, n = case(
         B, Hkv, G, C, seed=G * 10 + ties, ties=ties, ks=ks_mixed)
     kmax = n
     args = [t.to(DEV) for t in (scores, csize, cstart, order, k_row, e_pos, e_valid)]
-    got = TS.select_cluster_tokens(*args, kmax, block_c=blocks[0], block_j=blocks[1])
+    got = TS.select_cluster_tokens(*args, kmax, block_c=blocks[0], block_j=blocks[1], nt=nt)
     want = TS.select_cluster_tokens_ref(*args, kmax)
     check(got, want, order.shape[-1])
 

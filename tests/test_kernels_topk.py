@@ -120,3 +120,45 @@ def test_topk_kernel_row_k_matches_reference(monkeypatch, ties):
     for b in range(3):  # the first row_k of the plain top-k
         full_i, _ = T.topk_positions_ref(s[b:b + 1], lengths[b:b + 1], int(row_k[b]))
         assert torch.equal(idx[b, :, :int(row_k[b])], full_i[0])
+
+
+@pytest.mark.parametrize("S,lens,k,chunks", [(300, [300, 171], 20, 3), (513, [513, 64], 16, 4), (640, [640], 100, 2),
+                                             (257, [257, 3], 8, 8), (700, [700, 650], 30, "auto")])
+@pytest.mark.parametrize("ties", [False, True])
+def test_chunked_topk_is_the_one_stage_set(monkeypatch, S, lens, k, chunks, ties):
+    """The two-stage (chunked) top-k gives the one-stage reference's set, ties to the lower positions
+    included, with the per-sequence k and the in-place rows of the callers."""
+    monkeypatch.setenv("HARNESS_KERNELS", "triton")
+    monkeypatch.setattr(T, "CHUNKS_AUTO", True)
+    monkeypatch.setattr(T, "CHUNK_LEN", 128)
+    s, lengths = scores_for(len(lens), 4, S, lens, seed=S + k, ties=ties, forced=(1,))
+    C, _ = T.chunk_plan(S, min(k, S), chunks)
+    assert C > 1
+    idx, cnt = T.topk_positions(s, lengths, k, impl="radix", chunks=chunks)
+    ridx, rcnt = T.topk_positions_ref(s, lengths, k)
+    assert torch.equal(cnt, rcnt) and torch.equal(idx, ridx)
+    rk = torch.tensor([k - 3, k][:len(lens)], dtype=torch.int32, device=DEV)
+    rows = torch.tensor([3, 1, 0, 2], device=DEV)
+    oi = torch.full((len(lens), 4, k + 2), -7, dtype=torch.int32, device=DEV)
+    oc = torch.full((len(lens), 4), -7, dtype=torch.int32, device=DEV)
+    T.topk_positions(s, lengths, k, impl="radix", chunks=chunks, row_k=rk, out=(oi, oc), rows=rows)
+    ridx, rcnt = T.topk_positions_ref(s, lengths, k, rk)
+    assert torch.equal(oi[:, rows, :k], ridx) and torch.equal(oc[:, rows], rcnt) and (oi[..., k:] == 0).all()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("B,H,S,k", [(1, 32, 8200, 256), (4, 32, 2052, 256), (1, 8, 2050, 64)])
+def test_chunked_topk_real_shapes(B, H, S, k):
+    """Quest's page rows at 128K / 32K and LycheeDecode's 64-slot block rows at 128K: the two-stage
+    kernel (the default) equals the one-stage kernel and the reference, bf16-like ties included."""
+    g = torch.Generator(device="cuda").manual_seed(S + k)
+    s = (torch.randn(B, H, S, device="cuda", generator=g) * 8).round() / 8
+    lengths = torch.randint(S // 2, S + 1, (B,), device="cuda", dtype=torch.int32, generator=g)
+    s = s.masked_fill(torch.arange(S, device="cuda") >= lengths.view(B, 1, 1), float("-inf"))
+    assert T.chunk_plan(S, k, "auto")[0] > 1
+    two = T.topk_positions(s, lengths, k, impl="radix")
+    one = T.topk_positions(s, lengths, k, impl="radix", chunks=1)
+    ref = T.topk_positions_ref(s, lengths, k)
+    for a in (two, one):
+        assert torch.equal(a[0], ref[0]) and torch.equal(a[1], ref[1])

@@ -296,3 +296,20 @@ def test_token_by_token_stays_in_budget_only_when_reclustering(every):
         assert int(counts.min()) == d.seen - 1                 # every decoded token (E): no budget at all
     else:
         assert int(counts.max()) <= budget and method.n_clu > 0
+
+
+@pytest.mark.parametrize("cfg", [CASES[0], CASES[3]])
+def test_attended_tally_is_the_mean_over_layer_steps(cfg):
+    """sample_metrics' `attended` (one in-place add a layer, issue 33) = the mean over decode steps and
+    layers of each layer's mean attended tokens, as the per-layer stack + add it replaced computed it."""
+    model = tiny("llama")
+    method, info = make({"name": "tactic", **cfg}, model)
+    d = Driver(method, info, rope_for(model), max_len=80)
+    d.step(30, "prefill")
+    means = []
+    for _ in range(7):
+        method.correction_span(d.seen)
+        d.step(1, "decode")
+        means += [float(method._heads[layer].float().mean()) for layer in range(info.num_layers)]
+    got = method.stats()["sample_metrics"]["attended"]
+    assert got == pytest.approx(sum(means) / len(means), rel=1e-9)

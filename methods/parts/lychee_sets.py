@@ -43,10 +43,11 @@ def topk(scores, lengths, budget: int, sink: int, recent: int, out=None, rows=No
     return topk_positions(boosted, lengths, k, out=out, rows=rows)
 
 
-def top_blocks(block_scores, budget_blocks: int, out=None, rows=None):
+def top_blocks(block_scores, budget_blocks: int, out=None, rows=None, chunks="auto"):
     """The block-level path (modeling_llama_block_level.py, get_sparse_block_indices_from_topk): the
-    top `budget_blocks` blocks by max-pooled q̄·K, nothing forced. Block scores are -inf past the length."""
-    return topk_positions(block_scores, None, budget_blocks, out=out, rows=rows)
+    top `budget_blocks` blocks by max-pooled q̄·K, nothing forced. Block scores are -inf past the length.
+    chunks: the top-k's two-stage split (kernels/topk.py; the same blocks), a timing switch."""
+    return topk_positions(block_scores, None, budget_blocks, out=out, rows=rows, chunks=chunks)
 
 
 def from_mask(mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

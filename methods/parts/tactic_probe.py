@@ -23,6 +23,8 @@ from collections import defaultdict
 
 import torch
 
+from methods.parts.tactic_rules import per_row, top_p_sorted
+
 KEYS = ("mass_obtained", "mass_abs_error", "budget_tactic", "budget_cluster", "budget_global", "z_ratio")
 
 
@@ -141,3 +143,25 @@ def report(m, out: dict) -> dict:
     out["sample_metrics"] = sample
     out["clustering"] = m.events
     return out
+
+
+def global_optimal(m, layer, q1):
+    """Tactic's oracle_global mode (m: the method): per row, the fewest tokens by descending true weight
+    reaching the target."""
+    c = m.cfg
+    probs, _ = m._exact(layer, q1)
+    B, Hq, S = probs.shape
+    rank_by = probs if m.rows == Hq else probs.view(B, m.rows, Hq // m.rows, S).sum(2)
+    live = torch.arange(S, device=probs.device).view(1, 1, S) < m.lengths.view(B, 1, 1)
+    order = torch.where(live, rank_by, -1.0).sort(dim=-1, descending=True, stable=True).indices  # unwritten last
+    if c.target >= 1.0:
+        k_row = m.lengths.view(B, 1).expand(B, m.rows).long()
+    else:
+        along = probs.gather(-1, order.repeat_interleave(Hq // m.rows, 1))
+        k_row = per_row(top_p_sorted(along, c.target), m.rows)
+    counts = torch.minimum(k_row, m.lengths.view(B, 1).long()).int()
+    index = order.int()
+    m.selected[layer] = (index, counts)
+    if m.probe is not None:
+        diagnose(m, layer, q1, None, index, counts, None)
+    return index, counts
