@@ -127,7 +127,9 @@ class LtriConfig(MemoryConfig):
                  "persistent": False, "ratio_mode": "rowcol", "ratio_area": "density", "last_chunk": None},
                 {"n_init": 2, "n_local": 9, "block_size": 4, "topk": 1, "exc_block_size": 5, "max_cached_block": 2,
                  "spans_per_block": 1, "max_vectors": 3, "voting": False, "index": "static",
-                 "retrieval_heads": [[2, 1, 0.3]], "theta_quantile": [0.5], "iou": [0.3], "last_chunk": 7}]
+                 "retrieval_heads": [[2, 1, 0.3]], "theta_quantile": [0.5], "iou": [0.3], "last_chunk": 7},
+                {"n_init": 3, "n_local": 8, "block_size": 4, "topk": 2, "exc_block_size": 6, "offload": False,
+                 "spans_per_block": 1, "max_vectors": 3, "last_chunk": 4}]
 
 
 def _lists(v):
@@ -138,6 +140,18 @@ def _lists(v):
 class Ltri(InfLLM):
     name = "ltri"
     Config = LtriConfig
+
+    def __init__(self, cfg):
+        super().__init__(cfg)
+        # resident (offload=false): decode reads the persisted retrieval from the device; a fresh
+        # retrieval per decode step (persistent=false) scores spans on the host: eager
+        self.graph_safe = self.resident and self.cfg.persistent
+
+    def begin(self, step):
+        super().begin(step)
+        if step.phase == "decode" and self.cfg.persistent:   # a persistent decode step ranks nothing:
+            self.own_scores = [None] * self.info.num_layers    # no prefill tensor kept across graphed steps
+            self.own_top = [None] * self.info.num_layers
 
     def largest_chunk(self) -> int:
         return max(self.cfg.exc_block_size, self.cfg.last_chunk or 0)
@@ -163,12 +177,20 @@ class Ltri(InfLLM):
         self.band = _reuse(getattr(self, "band", None), (info.num_layers, batch, self.ring_size, c.block_size),
                            torch.float32, device)
         self.persist = [None] * info.num_layers
+        # the same retrieval on the device, for the resident decode: ids [L, B, 1, topk], counts [L, B, 1]
+        self.persist_ids = _reuse(getattr(self, "persist_ids", None), (info.num_layers, batch, 1, c.topk),
+                                  torch.int32, device)
+        self.persist_counts = _reuse(getattr(self, "persist_counts", None), (info.num_layers, batch, 1),
+                                     torch.int32, device)
+        self.persist_ids.zero_()
+        self.persist_counts.zero_()
         self.own_scores = [None] * info.num_layers      # this step's block similarities of indexing layers
         self.own_top = [None] * info.num_layers
         self.vectors_per_block = {}
 
     def index_buffers(self):
-        return {**self.index.buffers(), "band": self.band}
+        return {**self.index.buffers(), "band": self.band, "persist_ids": self.persist_ids,
+                "persist_counts": self.persist_counts}
 
     def _space(self, layer: int, x: torch.Tensor, kv: bool) -> torch.Tensor:
         """[B, H, n, D] -> [B, n, dim] in the layer's index space: its retrieval head, or all heads
@@ -188,7 +210,11 @@ class Ltri(InfLLM):
         a, scale = self.step.start, self.info.scaling
         lo = max(0, a - W + 1)
         keys = torch.arange(lo, a + T, device=q_rot.device)
-        if raw_local is not None:   # decode: logits of the window's slots are at hand
+        if raw_local is not None and self.resident:   # decode, window newest first: column j = distance j
+            w = min(W, raw_local.shape[-1])
+            p = torch.where(self.local_valid[:w], torch.exp(raw_local[..., :w] * scale - lse), 0.0).sum(1)
+            rows = torch.nn.functional.pad(p, (0, W - w)).unsqueeze(1)
+        elif raw_local is not None:   # decode: logits of the window's slots are at hand
             n = self.local_pos.numel()
             raw = raw_local[..., max(0, n - W):]
             kp = self.local_pos[max(0, n - W):]
@@ -288,6 +314,25 @@ class Ltri(InfLLM):
         if self.step.phase != "decode":
             self.persist[layer] = sel
         return sel
+
+    def select_device(self, layer, q_mem):
+        """Resident: decode reads the persisted retrieval (no host work); a prefill chunk (or a decode step
+        without persistence) retrieves on the host (spans, votes) and hands the ids over."""
+        if self.step.phase == "decode" and self.cfg.persistent:
+            return self.persist_ids[layer], self.persist_counts[layer]
+        if self.n_blocks == 0:   # host int: this path runs eagerly
+            z = torch.zeros(self.batch, 1, 0, dtype=torch.int32, device=q_mem.device)
+            return z, z.new_zeros(self.batch, 1)
+        sel = self.select(layer, q_mem)
+        ids = torch.zeros(self.batch, 1, self.cfg.topk, dtype=torch.int32)
+        for b, units in enumerate(sel):
+            ids[b, 0, :len(units[0])] = torch.tensor(sorted(units[0]), dtype=torch.int32)
+        counts = torch.tensor([[len(units[0])] for units in sel], dtype=torch.int32)
+        ids, counts = ids.to(q_mem.device), counts.to(q_mem.device)
+        if self.step.phase != "decode":
+            self.persist_ids[layer].copy_(ids)
+            self.persist_counts[layer].copy_(counts)
+        return ids, counts
 
     def voters(self, layer: int) -> list[tuple[int, float]]:
         if self.rh:
