@@ -26,15 +26,19 @@ import torch
 
 from common.errors import ConfigError
 from kernels.lse import decode_attention_lse, merge_attention, sparse_decode_tokens_lse
+from kernels.memory_decode import two_part_decode_lse
 from kernels.window import FAR, window_attention_lse, window_mass
 from methods.base import Method, Step, register
 from methods.config import MethodConfig, option
 from methods.parts.infllm_device import (
     Geometry,
+    MemoryLayout,
     PendingMass,
     PositionalStore,
-    memory_index,
     select_blocks,
+)
+from methods.parts.infllm_device import (
+    reuse as _reuse,  # methods/ltri.py's too
 )
 from methods.parts.infllm_host import HostPath
 from methods.parts.selection import top_first
@@ -90,7 +94,7 @@ class MemoryConfig(MethodConfig):
                 "retrieval": "per KV head" if self.per_head else "shared by all heads of a layer",
                 "positions": f"local window at real relative positions; sinks, blocks and remainder un-rotated "
                              f"at distance {self.distance}",
-                "prefill": f"streamed in chunks of {self.exc_block_size}, one retrieval per chunk",
+                "prefill": f"chunks of {self.exc_block_size}, one retrieval each ({'host' if self.offload else 'device'})",
                 "offload": f"host memory, {self.max_cached_block} blocks GPU-cached (LRU); retrieval synced to "
                            f"the host every layer" if self.offload
                 else "none (every token on the GPU; retrieval on the device, decode CUDA-graph captured)",
@@ -238,6 +242,10 @@ class InfLLM(HostPath, Method):
         decode = step.phase == "decode"
         self.first = step.positions[:1] if decode else step.start
         self.geo = Geometry.of(self.first, step.length, c.n_init, c.n_local, c.block_size)
+        width = c.n_init + c.topk * c.block_size + c.block_size + (0 if decode else self.largest_chunk())
+        dev = step.positions.device
+        self.layout = MemoryLayout(self.geo, c.n_init, c.block_size, width, Hkv, self.store.k.shape[3], dev)
+        self.pending.prepare(self.first, self.ring_size)
         if not decode:
             return
         a, n = self.first, c.n_local
@@ -256,7 +264,7 @@ class InfLLM(HostPath, Method):
         q_rot, k_rot = rope.apply(q, pos), rope.apply(k, pos)
         ring, decode = self.ring, step.phase == "decode"
         if self.resident:   # the last decode step's local mass first (PendingMass), then this step's keys
-            self.pending.fold(layer, ring.score[layer], self.first, self.ring_size)
+            self.pending.fold(layer, ring.score[layer])
             if not decode:
                 self.pending.clear(layer)
             self.store.write(layer, pos, k, v)
@@ -264,23 +272,23 @@ class InfLLM(HostPath, Method):
         self.q_rot = q_rot                          # the step's queries at their positions (Ltri's query spans)
         q_mem = rope.apply(q, self.mem_angle)  # every query at the one memory distance
         if self.resident:
-            width = c.n_init + c.topk * c.block_size + c.block_size + (0 if decode else self.largest_chunk())
             ids, counts = self._selected[layer] = self.select_device(layer, q_mem)
-            m_index, m_counts = memory_index(self.geo, ids, counts, c.n_init, c.block_size, width,
-                                             self.info.num_kv_heads, self.store.k.shape[3])
+            m_index, m_counts = self.layout.index(ids, counts)
         else:
             n_mem = self.fill_memory(layer, q_mem)
         if decode:
-            out_l, lse_l = sparse_decode_tokens_lse(q_rot[:, :, 0].contiguous(), ring.k_rot[layer], ring.v[layer],
-                                                    self.local_index, self.local_counts, scale, scores=self.scratch)
-            if self.resident:
-                out_g, lse_g = sparse_decode_tokens_lse(q_mem[:, :, 0].contiguous(), self.store.k[layer],
-                                                        self.store.v[layer], m_index, m_counts, scale)
+            q1 = q_rot[:, :, 0].contiguous()
+            if self.resident:   # window and memory in one combine (kernels/memory_decode.py)
+                out, lse = two_part_decode_lse(q1, ring.k_rot[layer], ring.v[layer], self.local_index,
+                                               self.local_counts, q_mem[:, :, 0].contiguous(), self.store.k[layer],
+                                               self.store.v[layer], m_index, m_counts, scale, scores=self.scratch)
             else:
+                out_l, lse_l = sparse_decode_tokens_lse(q1, ring.k_rot[layer], ring.v[layer], self.local_index,
+                                                        self.local_counts, scale, scores=self.scratch)
                 lengths = torch.full((B,), n_mem, dtype=torch.int32, device=q.device)
                 out_g, lse_g = decode_attention_lse(q_mem[:, :, 0].contiguous(), self.buf_k[layer],
                                                     self.buf_v[layer], lengths, scale, max_length=n_mem)
-            out, lse = merge_attention([(out_l, lse_l), (out_g, lse_g)])
+                out, lse = merge_attention([(out_l, lse_l), (out_g, lse_g)])
             raw = self.scratch.index_select(-1, self.local_slots)
             ok = torch.isfinite(raw) & self.local_valid if self.resident else torch.isfinite(raw)
             mass = torch.where(ok, torch.exp(raw * scale - lse.unsqueeze(-1)), 0.0)
@@ -385,13 +393,8 @@ class InfLLM(HostPath, Method):
         out = super().stats()
         m = self.memory
         out.update({"blocks": self.formed_blocks, "block_loads": m.transfers, "block_stores": m.stores,
-                    "device_cache_bytes": m.device_bytes(), "host_bytes": m.host_bytes()})
+                    "device_cache_bytes": (self.store if self.resident else m).device_bytes(),
+                    "host_bytes": m.host_bytes()})
         if self.needle is not None:
             out["needle_recall"] = {layer: [round(x, 4) for x in v] for layer, v in self.recall.items()}
         return out
-
-
-def _reuse(t, shape, dtype, device):
-    if t is not None and t.shape == shape and t.dtype == dtype and t.device == torch.device(device):
-        return t
-    return torch.empty(shape, device=device, dtype=dtype)

@@ -116,7 +116,18 @@ class LtriConfig(MemoryConfig):
         return {**super().describe(), "index": f"{self.index} span index vectors, <= {self.max_vectors} per block",
                 "retrieval": ("retrieval heads of layers " + ",".join(map(str, sorted(rh)))) if rh else "all heads",
                 "voting": self.voting, "persistent": self.persistent,
-                "prefill": f"streamed in chunks of {self.exc_block_size}, last chunk {self.last_chunk}"}
+                "prefill": f"streamed in chunks of {self.exc_block_size}, last chunk {self.last_chunk}",
+                "prefill_extra_work": self.span_cost()}
+
+    def span_cost(self) -> str:
+        """The work the span rule adds to a prefill chunk of T queries, per indexing layer (every layer without
+        retrieval heads), beyond InfLLM's: stated, not timed (notes/kernels.md has the measured total)."""
+        T, bs = self.exc_block_size, self.block_size
+        return (f"per chunk of T={T} and indexing layer: the chunk's causal T x T map (GPU, O(T^2 Hq D)) and, for "
+                f"the T/{bs} blocks leaving the window, {bs} x {bs} maps, each moved to the host and cut into spans "
+                f"there in O(T^2 + T*{bs}) (prefix sums, anti-diagonal filter, quantile, NMS); the band of each "
+                f"token's attention to its previous {bs} (GPU, O(T (T+{bs}) Hq D)); votes of the layers up to this "
+                f"one; 2 + 2 T/{bs} host syncs. Over a prompt of n: O(n (T + {bs})) host work per layer")
 
     @classmethod
     def variants(cls):

@@ -32,6 +32,11 @@ def _same(t, shape, dtype, device) -> bool:
     return t is not None and t.shape == shape and t.dtype == dtype and t.device == torch.device(device)
 
 
+def reuse(t, shape, dtype, device) -> torch.Tensor:
+    """t when it already has this shape, dtype and device (a captured graph keeps pointing at it), else new."""
+    return t if _same(t, shape, dtype, device) else torch.empty(shape, device=device, dtype=dtype)
+
+
 class PositionalStore:
     """Un-rotated keys and values of every token at its absolute position: [L, B, Hkv, capacity, D]."""
 
@@ -85,29 +90,46 @@ class Geometry:
         return cls(init_len, nb, rem_start, (a - rem_start + T - n_local).clamp(min=0))
 
 
+class MemoryLayout:
+    """Token positions of the memory per (sequence, KV head): [sinks | retrieved blocks | remainder]. What
+    does not depend on the layer's retrieval (columns, sinks, remainder) is built once per step; `index`
+    adds a layer's blocks (a handful of kernels per layer in the decode step)."""
+
+    def __init__(self, geo: Geometry, n_init: int, block_size: int, width: int, kv_heads: int, capacity: int,
+                 device):
+        self.geo, self.n_init, self.bs, self.kv_heads, self.capacity = geo, n_init, block_size, kv_heads, capacity
+        j = torch.arange(width, device=device)
+        self.off = j - geo.init_len                                         # column within blocks
+        self.sink = j < geo.init_len
+        self.blk_col = self.off.div(block_size, rounding_mode="floor").clamp(min=0)
+        self.within = n_init + self.off.remainder(block_size)
+        self.rem = geo.rem_start + self.off
+        self.base_n = geo.init_len + geo.rem_len
+
+    def index(self, ids: torch.Tensor, counts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """ids int [B, U, k] (the first `counts` [B, U] valid; U = 1, shared by the layer's heads, or Hkv)
+        -> (positions int32 [B, Hkv, width], counts int32 [B, Hkv]). Columns past a count hold positions
+        that are never read (clamped into the store)."""
+        B, U, k = ids.shape
+        nsel = counts.long().unsqueeze(-1) * self.bs                        # [B, U, 1]
+        if k:
+            blk = ids.long().gather(-1, self.blk_col.clamp(max=k - 1).expand(B, U, -1))
+            pos_blk = self.within + blk * self.bs
+        else:
+            pos_blk = self.within.expand(B, U, -1)
+        pos = torch.where(self.sink, self.off + self.geo.init_len,
+                          torch.where(self.off < nsel, pos_blk, self.rem - nsel))
+        pos = pos.clamp(0, self.capacity - 1).to(torch.int32)
+        n = (self.base_n + nsel.squeeze(-1)).to(torch.int32)
+        if U != self.kv_heads:
+            pos, n = pos.expand(B, self.kv_heads, -1), n.expand(B, self.kv_heads)
+        return pos.contiguous(), n.contiguous()
+
+
 def memory_index(geo: Geometry, ids: torch.Tensor, counts: torch.Tensor, n_init: int, block_size: int,
                  width: int, kv_heads: int, capacity: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Token positions of the memory per (sequence, KV head): [sinks | blocks `ids` (int [B, U, k], the
-    first `counts` [B, U] valid) | remainder], int32 [B, Hkv, width], and their counts int32 [B, Hkv].
-    U = 1 (one retrieval shared by the layer's heads) or Hkv (per_head). Columns past a count hold
-    positions that are never read (clamped into the store)."""
-    B, U, k = ids.shape
-    dev = ids.device
-    j = torch.arange(width, device=dev).view(1, 1, -1)
-    cnt = counts.long().unsqueeze(-1)                                       # [B, U, 1]
-    nsel = cnt * block_size
-    off = j - geo.init_len                                                  # column within blocks
-    which = off.div(block_size, rounding_mode="floor").clamp(0, max(k - 1, 0))
-    blk = ids.long().gather(-1, which.expand(B, U, width)) if k else torch.zeros(B, U, width, dtype=torch.long,
-                                                                                  device=dev)
-    pos_blk = n_init + blk * block_size + off.remainder(block_size)
-    pos_rem = geo.rem_start + (off - nsel)
-    pos = torch.where(j < geo.init_len, j, torch.where(off < nsel, pos_blk, pos_rem))
-    n = geo.init_len + nsel.squeeze(-1) + geo.rem_len                      # [B, U]
-    pos = pos.clamp(0, capacity - 1).to(torch.int32)
-    if U != kv_heads:
-        pos, n = pos.expand(B, kv_heads, width), n.expand(B, kv_heads)
-    return pos.contiguous(), n.to(torch.int32).contiguous()
+    """MemoryLayout(...).index(ids, counts) in one call."""
+    return MemoryLayout(geo, n_init, block_size, width, kv_heads, capacity, ids.device).index(ids, counts)
 
 
 def select_blocks(qm: torch.Tensor, reprs: torch.Tensor, n_blocks, units: int, topk: int):
@@ -116,8 +138,11 @@ def select_blocks(qm: torch.Tensor, reprs: torch.Tensor, n_blocks, units: int, t
     (ids int32 [B, units, min(topk, N)] in block order, counts int32 [B, units] = min(topk, n_blocks)):
     the top-k of <qm, repr> summed over each unit's heads, ties to the lower block (selection.top_first's
     set)."""
-    s = torch.einsum("bhd,bnhd->bhn", qm, reprs.float())
-    s = s.unflatten(1, (units, -1)).sum(2)                                  # [B, units, N]
+    B, N, Hq, D = reprs.shape
+    if units == 1:   # one GEMV over the concatenated heads (no permuted copy of the index)
+        s = torch.bmm(reprs.float().view(B, N, Hq * D), qm.reshape(B, Hq * D, 1)).view(B, 1, N)
+    else:
+        s = torch.einsum("bhd,bnhd->bhn", qm, reprs.float()).unflatten(1, (units, -1)).sum(2)   # [B, units, N]
     live = torch.arange(s.shape[-1], device=s.device) < n_blocks
     s = torch.where(live, s, float("-inf"))
     return topk_positions(s, None, topk, impl="radix" if s.is_cuda else "auto")
@@ -136,13 +161,17 @@ class PendingMass:
             self.pos = torch.empty(layers, 1, device=device, dtype=torch.long)
         self.pos.fill_(-1)
 
-    def fold(self, layer: int, score: torch.Tensor, a: torch.Tensor, ring_size: int) -> None:
-        """score [B, Hq, R] += the pending mass of `layer` if it is from a position before `a` ([1])."""
-        p = self.pos[layer]
-        take = (p >= 0) & (p < a)
-        n = self.mass.shape[-1]
-        slots = (p - torch.arange(n, device=p.device)).remainder(ring_size)
-        score.index_add_(2, slots, torch.where(take, self.mass[layer], 0.0))
+    def prepare(self, a, ring_size: int) -> None:
+        """At the start of a step whose first position is `a` (int or [1]): where the pending masses go and
+        whether they are due. Every layer holds (or clears) at the same step, so layer 0's position is
+        every layer's."""
+        p = self.pos[0]
+        self._take = (p >= 0) & (p < a)
+        self._slots = (p - torch.arange(self.mass.shape[-1], device=p.device)).remainder(ring_size)
+
+    def fold(self, layer: int, score: torch.Tensor) -> None:
+        """score [B, Hq, R] += the pending mass of `layer` if it is from a position before this step's."""
+        score.index_add_(2, self._slots, torch.where(self._take, self.mass[layer], 0.0))
 
     def hold(self, layer: int, mass: torch.Tensor, a: torch.Tensor) -> None:
         self.mass[layer].copy_(mass)
