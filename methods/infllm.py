@@ -328,15 +328,9 @@ class InfLLM(HostPath, Method):
             return z, z.new_zeros(self.batch, self.units)
         return select_blocks(q_mem.float().mean(2), self.reprs[layer], g.n_blocks, self.units, c.topk)
 
-    def before_decode(self, seq_len):
-        self.form_due(seq_len)
-
-    def correction_span(self, seq_len):
-        """The engine's host hook after every decode step (graphed ones too): a block that left the window
-        in a graphed step is formed here, before the next retrieval. Never asks for a re-run."""
-        self.form_due(seq_len)
-
     def form_due(self, seq_len: int) -> None:
+        """The engine's host hooks before and after every decode step (graphed ones too): a block that left
+        the window in a graphed step is formed here, before the next retrieval. Never asks for a re-run."""
         c = self.cfg
         if self.info is None or max(0, seq_len - c.n_local - c.n_init) // c.block_size <= self.formed_blocks:
             return
@@ -370,23 +364,28 @@ class InfLLM(HostPath, Method):
             self.buf_k[layer, :, :, self.init_len:init_new] = self.ring.k_raw[layer].index_select(2, sl)
             self.buf_v[layer, :, :, self.init_len:init_new] = self.ring.v[layer].index_select(2, sl)
         nb_new = max(0, E - c.n_local - c.n_init) // c.block_size
+        new = []
         for i in range(self.formed_blocks, nb_new):
             start = c.n_init + i * c.block_size
             sl = self.ring.slots(start, start + c.block_size)
             k = self.ring.k_raw[layer].index_select(2, sl)
             if not self.resident:
                 self.memory.put(layer, i, k, self.ring.v[layer].index_select(2, sl))
-            self.index_block(layer, i, k, self.ring.score[layer].index_select(2, sl))
+            new.append((i, k, self.ring.score[layer].index_select(2, sl)))
+        self.index_blocks(layer, new)
         if layer == self.info.num_layers - 1:
             self.formed_blocks = nb_new
 
-    def index_block(self, layer: int, i: int, k: torch.Tensor, score: torch.Tensor) -> None:
-        """Representative of block i per query head: mean of its repr_topk most-attended keys."""
-        g = self.info.group
-        top = top_first(score, self.cfg.repr_topk)                # [B, Hq, r]
-        kk = k.repeat_interleave(g, 1)                                        # [B, Hq, bs, D]
-        picked = kk.gather(2, top.unsqueeze(-1).expand(-1, -1, -1, k.shape[-1]))
-        self.reprs[layer, :, i] = picked.float().mean(2).to(self.reprs.dtype)
+    def index_blocks(self, layer: int, blocks: list) -> None:
+        """Representative of each new block (i, raw keys, scores) per query head: mean of its repr_topk
+        most-attended keys."""
+        for i, k, score in blocks:
+            top = top_first(score, self.cfg.repr_topk)                # [B, Hq, r]
+            kk = k.repeat_interleave(self.info.group, 1)                          # [B, Hq, bs, D]
+            picked = kk.gather(2, top.unsqueeze(-1).expand(-1, -1, -1, k.shape[-1]))
+            self.reprs[layer, :, i] = picked.float().mean(2).to(self.reprs.dtype)
+
+    before_decode = correction_span = form_due
 
     # --- reporting -----------------------------------------------------------------------------
     def stats(self):

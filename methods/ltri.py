@@ -127,7 +127,8 @@ class LtriConfig(MemoryConfig):
                 f"the T/{bs} blocks leaving the window, {bs} x {bs} maps, each moved to the host and cut into spans "
                 f"there in O(T^2 + T*{bs}) (prefix sums, anti-diagonal filter, quantile, NMS); the band of each "
                 f"token's attention to its previous {bs} (GPU, O(T (T+{bs}) Hq D)); votes of the layers up to this "
-                f"one; 2 + 2 T/{bs} host syncs. Over a prompt of n: O(n (T + {bs})) host work per layer")
+                f"one; ~6 host syncs (query map, retrieval, the leaving blocks' maps and votes, picks). A prompt of "
+                f"n: O(n (T + {bs})) host work per layer")
 
     @classmethod
     def variants(cls):
@@ -251,34 +252,38 @@ class Ltri(InfLLM):
         return torch.where(d >= 0, rows.gather(-1, d.clamp(min=0).unsqueeze(0).expand(rows.shape[0], -1, -1)), 0.0)
 
     # --- indexing a block that leaves the window -----------------------------------------------------
-    def index_block(self, layer, i, k, score):
-        if layer not in self.own:
+    def index_blocks(self, layer, blocks):
+        """Index vectors of the blocks leaving the window at this step (all of a prefill chunk's at once)."""
+        if layer not in self.own or not blocks:
             return
-        c = self.cfg
-        start = c.n_init + i * c.block_size
-        A = self.block_map(layer, start)
-        h = self.own[layer]
-        votes = score[:, h] if h is not None else score.sum(1)                   # [B, bs] attention received
-        keys = self._space(layer, k, kv=True)                                     # [B, bs, dim]
-        # the spans and the picks are host work on a 128 x 128 map: one transfer of the maps and the votes
-        # per block, one of the picked indices back (on a GPU, per-span kernels and syncs dominated)
-        A, votes = S.host(A), votes.detach().cpu()
+        c, h, B = self.cfg, self.own[layer], self.batch
+        maps = torch.stack([self.block_map(layer, c.n_init + i * c.block_size) for i, _, _ in blocks])
+        votes = torch.stack([score[:, h] if h is not None else score.sum(1) for _, _, score in blocks])  # [n, B, bs]
+        # the spans and the picks are host work on 128 x 128 maps: one transfer of every leaving block's maps
+        # and votes, one of the picked indices back (per-span kernels and syncs on a GPU dominated; one
+        # transfer per block made a prefill chunk sync 2 x its blocks times per layer)
+        A, votes = S.host(maps), votes.detach().cpu()
         picked, owner, n_spans = [], [], []
-        for b in range(self.batch):
-            spans = S.detect_spans(A[b], c.per_layer(c.theta_quantile, layer), c.per_layer(c.iou, layer),
-                                   c.spans_per_block, c.fill_gaps)
-            r_a = S.neighbor_ratio(A[b], spans, c.ratio_mode, c.ratio_area == "density")
-            counts = S.vector_counts([y - x + 1 for x, y in spans], r_a, c.lam_of(layer), c.min_vectors,
-                                     c.max_vectors, static=c.index == "static")
-            picked.append(torch.cat([top_first(tie_round(votes[b, x:y + 1]), n) + x
-                                     for (x, y), n in zip(spans, counts)]))
-            owner.append(torch.repeat_interleave(torch.arange(len(spans)), torch.tensor(counts)))
-            n_spans.append(len(spans))
+        for j in range(len(blocks)):
+            for b in range(B):
+                spans = S.detect_spans(A[j, b], c.per_layer(c.theta_quantile, layer), c.per_layer(c.iou, layer),
+                                       c.spans_per_block, c.fill_gaps)
+                r_a = S.neighbor_ratio(A[j, b], spans, c.ratio_mode, c.ratio_area == "density")
+                counts = S.vector_counts([y - x + 1 for x, y in spans], r_a, c.lam_of(layer), c.min_vectors,
+                                         c.max_vectors, static=c.index == "static")
+                picked.append(torch.cat([top_first(tie_round(votes[j, b, x:y + 1]), n) + x
+                                         for (x, y), n in zip(spans, counts)]))
+                owner.append(torch.repeat_interleave(torch.arange(len(spans)), torch.tensor(counts)))
+                n_spans.append(len(spans))
         sizes = [p.numel() for p in picked]
-        both = torch.stack([torch.cat(picked), torch.cat(owner)]).to(keys.device)
-        for b, (idx, own) in enumerate(zip(both[0].split(sizes), both[1].split(sizes))):
-            self.index.add(layer, b, i, keys[b, idx], own, n_spans[b])
-        self.vectors_per_block.setdefault(layer, []).append(sum(sizes) / self.batch)
+        both = torch.stack([torch.cat(picked), torch.cat(owner)]).to(maps.device)
+        parts = list(zip(both[0].split(sizes), both[1].split(sizes)))
+        for j, (i, k, _) in enumerate(blocks):
+            keys = self._space(layer, k, kv=True)                                 # [B, bs, dim]
+            for b in range(B):
+                idx, own = parts[j * B + b]
+                self.index.add(layer, b, i, keys[b, idx], own, n_spans[j * B + b])
+            self.vectors_per_block.setdefault(layer, []).append(sum(sizes[j * B:(j + 1) * B]) / B)
 
     # --- retrieval -------------------------------------------------------------------------------------
     def query_spans(self, layer: int) -> list[list[tuple[int, int]]]:
