@@ -26,9 +26,21 @@ import torch
 
 from common.errors import ConfigError
 from kernels.lse import decode_attention_lse, merge_attention, sparse_decode_tokens_lse
+from kernels.memory_decode import two_part_decode_lse
 from kernels.window import FAR, window_attention_lse, window_mass
-from methods.base import Method, register
+from methods.base import Method, Step, register
 from methods.config import MethodConfig, option
+from methods.parts.infllm_device import (
+    Geometry,
+    MemoryLayout,
+    PendingMass,
+    PositionalStore,
+    select_blocks,
+)
+from methods.parts.infllm_device import (
+    reuse as _reuse,  # methods/ltri.py's too
+)
+from methods.parts.infllm_host import HostPath
 from methods.parts.selection import top_first
 from methods.parts.stores_blocks import BlockMemory, WindowRing
 
@@ -47,7 +59,8 @@ class MemoryConfig(MethodConfig):
     max_cached_block: int = option(32, "GPU-resident blocks per layer and sequence (LRU cache) when offloading",
                                    min=1)
     offload: bool = option(True, "true: blocks live in host memory (pinned on CUDA), max_cached_block of them "
-                           "cached on the GPU; false: every block stays on the GPU")
+                           "cached on the GPU, chosen on the host every layer; false: every token stays on the GPU "
+                           "and retrieval runs there (no host sync in decode: CUDA-graph captured)")
     per_head: bool = option(False, "retrieval per KV head (its query group's logits summed) instead of one top-k "
                             "per layer over all heads (InfLLM's default; its perhead mode, 'not recommended', #45)")
     memory_distance: int | None = option(None, "distance of every memory token from the query; null = n_local - 1 "
@@ -81,9 +94,11 @@ class MemoryConfig(MethodConfig):
                 "retrieval": "per KV head" if self.per_head else "shared by all heads of a layer",
                 "positions": f"local window at real relative positions; sinks, blocks and remainder un-rotated "
                              f"at distance {self.distance}",
-                "prefill": f"streamed in chunks of {self.exc_block_size}, one retrieval per chunk",
-                "offload": f"host memory, {self.max_cached_block} blocks GPU-cached (LRU)" if self.offload
-                else "none (all blocks on the GPU)", "dense_layers": 0}
+                "prefill": f"chunks of {self.exc_block_size}, one retrieval each ({'host' if self.offload else 'device'})",
+                "offload": f"host memory, {self.max_cached_block} blocks GPU-cached (LRU); retrieval synced to "
+                           f"the host every layer" if self.offload
+                else "none (every token on the GPU; retrieval on the device, decode CUDA-graph captured)",
+                "dense_layers": 0}
 
     def full_equivalent(self, context):
         return {"n_local": max(self.n_local, context)}
@@ -111,11 +126,19 @@ class InfLLMConfig(MemoryConfig):
 
 
 @register
-class InfLLM(Method):
+class InfLLM(HostPath, Method):
     """Also the base of Ltri-LLM (methods/ltri.py), which replaces how blocks are indexed and chosen."""
 
     name = "infllm"
     Config = InfLLMConfig
+
+    def __init__(self, cfg):
+        super().__init__(cfg)
+        # offload=false keeps every token on the device and retrieves there (methods/parts/infllm_device.py):
+        # the decode step is static-shape, sync-free and idempotent at a position. The needle options
+        # (evidence) edit and record retrievals on the host, so they take the host path.
+        self.resident = not self.cfg.offload and self.cfg.evidence == "none"
+        self.graph_safe = self.decode_idempotent = self.resident
 
     @property
     def prefill_chunk(self):
@@ -131,17 +154,26 @@ class InfLLM(Method):
         self.ring.allocate(L, batch, Hkv, Hq, self.ring_size, D, device, dtype)
         self.max_blocks = max(0, max_len - c.n_init - c.n_local) // c.block_size
         self.memory = getattr(self, "memory", None) or BlockMemory()
-        self.memory.allocate(L, batch, Hkv, c.block_size, D, self.max_blocks, offload=c.offload,
-                             budget=c.max_cached_block, device=device, dtype=dtype)
+        # resident: the blocks are the positional store's rows; BlockMemory keeps a token allocation
+        self.memory.allocate(L, batch, Hkv, c.block_size, D, 0 if self.resident else self.max_blocks,
+                             offload=c.offload, budget=c.max_cached_block, device=device, dtype=dtype)
         self.units = Hkv if c.per_head else 1
         self.buf_cap = c.n_init + c.topk * c.block_size + c.block_size + self.largest_chunk()
-        self.buf_k = _reuse(getattr(self, "buf_k", None), (L, batch, Hkv, self.buf_cap, D), dtype, device)
-        self.buf_v = _reuse(getattr(self, "buf_v", None), (L, batch, Hkv, self.buf_cap, D), dtype, device)
+        if self.resident:
+            self.store = getattr(self, "store", None) or PositionalStore()
+            self.store.allocate(L, batch, Hkv, max_len, D, device, dtype)
+            self.pending = getattr(self, "pending", None) or PendingMass()
+            self.pending.allocate(L, batch, Hq, c.n_local, device)
+            self.buf_k = self.buf_v = None
+        else:
+            self.store = self.pending = None
+            self.buf_k = _reuse(getattr(self, "buf_k", None), (L, batch, Hkv, self.buf_cap, D), dtype, device)
+            self.buf_v = _reuse(getattr(self, "buf_v", None), (L, batch, Hkv, self.buf_cap, D), dtype, device)
         self.scratch = _reuse(getattr(self, "scratch", None), (batch, Hq, self.ring_size), torch.float32, device)
         self.setup_index(info, batch, device, dtype)
         # host state: which block sits in each buffer slot, per (layer, sequence, retrieval unit)
         self.buf_blocks = [[[[None] * c.topk for _ in range(self.units)] for _ in range(batch)] for _ in range(L)]
-        self.selected = [None] * L        # the last retrieval per layer: [B][units][ids]
+        self._selected = [None] * L       # the last retrieval per layer: [B][units][ids] or (ids, counts)
         self.formed_blocks = 0            # blocks formed (identical for every layer after a step)
         # [(start, end)] per sequence from set_samples, which the run loop calls just before the engine's
         # reset: kept when it is for this batch (setup clearing it dropped every recall of a real run)
@@ -156,11 +188,24 @@ class InfLLM(Method):
     def setup_index(self, info, batch, device, dtype):
         """Block index keys: one representative per (block, query head)."""
         shape = (info.num_layers, batch, max(1, self.max_blocks), info.num_heads, info.head_dim)
-        self.reprs = _reuse(getattr(self, "reprs", None), shape, dtype, device)
+        # resident: fp32, so the device retrieval reads them without an fp32 copy of every layer's index
+        self.reprs = _reuse(getattr(self, "reprs", None), shape, torch.float32 if self.resident else dtype, device)
 
     def buffers(self):
+        extra = {**self.store.buffers(), **self.pending.buffers()} if self.resident else {}
         return {**self.ring.buffers(), **self.memory.buffers(), "buf_k": self.buf_k, "buf_v": self.buf_v,
-                "scratch": self.scratch, **self.index_buffers()}
+                "scratch": self.scratch, **extra, **self.index_buffers()}
+
+    @property
+    def selected(self) -> list:
+        """The last retrieval per layer, [B][units][block ids] (None before any)."""
+        out = []
+        for sel in self._selected:
+            if isinstance(sel, tuple):
+                ids, cnt = (t.tolist() for t in sel)
+                sel = [[u[:n] for u, n in zip(ib, cb)] for ib, cb in zip(ids, cnt)]
+            out.append(sel)
+        return out
 
     def index_buffers(self):
         return {"reprs": self.reprs}
@@ -174,7 +219,11 @@ class InfLLM(Method):
         self.rem_start = self.init_len + self.n_blocks * c.block_size
         self.rem_len = max(a - self.rem_start + T - c.n_local, 0)
         dev = step.positions.device
-        self.new_slots = self.ring.slots(a, a + T)
+        self.new_slots = step.positions % self.ring_size
+        if self.resident:
+            self.begin_resident(step)
+            if step.phase == "decode":
+                return
         lo = max(0, a - c.n_local + 1)
         self.local_pos = torch.arange(lo, a + T, device=dev)
         self.local_slots = self.local_pos % self.ring_size
@@ -186,127 +235,112 @@ class InfLLM(Method):
                 self.batch, self.info.num_kv_heads, n).contiguous()
             self.local_counts = torch.full((self.batch, self.info.num_kv_heads), n, dtype=torch.int32, device=dev)
 
+    def begin_resident(self, step):
+        """The step's memory geometry; in decode everything from the device position (graph-safe): the
+        local window newest first (column j = distance j, the valid ones a prefix)."""
+        c, B, Hkv = self.cfg, self.batch, self.info.num_kv_heads
+        decode = step.phase == "decode"
+        self.first = step.positions[:1] if decode else step.start
+        self.geo = Geometry.of(self.first, step.length, c.n_init, c.n_local, c.block_size)
+        width = c.n_init + c.topk * c.block_size + c.block_size + (0 if decode else self.largest_chunk())
+        dev = step.positions.device
+        self.layout = MemoryLayout(self.geo, c.n_init, c.block_size, width, Hkv, self.store.k.shape[3], dev)
+        self.pending.prepare(self.first, self.ring_size)
+        if not decode:
+            return
+        a, n = self.first, c.n_local
+        lpos = a - torch.arange(n, device=a.device)
+        self.local_pos, self.local_valid, self.rem_slots = lpos, lpos >= 0, None
+        self.local_slots = lpos.remainder(self.ring_size)
+        self.local_index = self.local_slots.to(torch.int32).view(1, 1, n).expand(B, Hkv, n).contiguous()
+        self.local_counts = (a + 1).clamp(max=n).to(torch.int32).expand(B, Hkv).contiguous()
+        self.mem_angle = torch.full((1,), c.distance, dtype=torch.long, device=a.device)
+
     # --- one layer -----------------------------------------------------------------------------
     def attend(self, layer, q, k, v, rope):
         step, c, scale = self.step, self.cfg, self.info.scaling
         B, Hq, T, D = q.shape
         pos = step.positions
         q_rot, k_rot = rope.apply(q, pos), rope.apply(k, pos)
-        self.ring.write(layer, self.new_slots, k, k_rot, v)
+        ring, decode = self.ring, step.phase == "decode"
+        if self.resident:   # the last decode step's local mass first (PendingMass), then this step's keys
+            self.pending.fold(layer, ring.score[layer])
+            if not decode:
+                self.pending.clear(layer)
+            self.store.write(layer, pos, k, v)
+        ring.write(layer, self.new_slots, k, k_rot, v)
         self.q_rot = q_rot                          # the step's queries at their positions (Ltri's query spans)
         q_mem = rope.apply(q, self.mem_angle)  # every query at the one memory distance
-        n_mem = self.fill_memory(layer, q_mem)
-        ring = self.ring
-        if step.phase == "decode":
-            out_l, lse_l = sparse_decode_tokens_lse(q_rot[:, :, 0].contiguous(), ring.k_rot[layer], ring.v[layer],
-                                                    self.local_index, self.local_counts, scale, scores=self.scratch)
-            lengths = torch.full((B,), n_mem, dtype=torch.int32, device=q.device)
-            out_g, lse_g = decode_attention_lse(q_mem[:, :, 0].contiguous(), self.buf_k[layer], self.buf_v[layer],
-                                                lengths, scale, max_length=n_mem)
-            out, lse = merge_attention([(out_l, lse_l), (out_g, lse_g)])
+        if self.resident:
+            ids, counts = self._selected[layer] = self.select_device(layer, q_mem)
+            m_index, m_counts = self.layout.index(ids, counts)
+        else:
+            n_mem = self.fill_memory(layer, q_mem)
+        if decode:
+            q1 = q_rot[:, :, 0].contiguous()
+            if self.resident:   # window and memory in one combine (kernels/memory_decode.py)
+                out, lse = two_part_decode_lse(q1, ring.k_rot[layer], ring.v[layer], self.local_index,
+                                               self.local_counts, q_mem[:, :, 0].contiguous(), self.store.k[layer],
+                                               self.store.v[layer], m_index, m_counts, scale, scores=self.scratch)
+            else:
+                out_l, lse_l = sparse_decode_tokens_lse(q1, ring.k_rot[layer], ring.v[layer], self.local_index,
+                                                        self.local_counts, scale, scores=self.scratch)
+                lengths = torch.full((B,), n_mem, dtype=torch.int32, device=q.device)
+                out_g, lse_g = decode_attention_lse(q_mem[:, :, 0].contiguous(), self.buf_k[layer],
+                                                    self.buf_v[layer], lengths, scale, max_length=n_mem)
+                out, lse = merge_attention([(out_l, lse_l), (out_g, lse_g)])
             raw = self.scratch.index_select(-1, self.local_slots)
-            mass = torch.where(torch.isfinite(raw), torch.exp(raw * scale - lse.unsqueeze(-1)), 0.0)
+            ok = torch.isfinite(raw) & self.local_valid if self.resident else torch.isfinite(raw)
+            mass = torch.where(ok, torch.exp(raw * scale - lse.unsqueeze(-1)), 0.0)
             self.observe(layer, q_rot, lse.unsqueeze(-1), raw)
-            self.record(layer, self.local_pos.numel() + n_mem)
+            self.record(layer, self.local_counts + m_counts if self.resident else self.local_pos.numel() + n_mem)
             out = out.view(B, 1, Hq * D)
         else:
             kl = ring.k_rot[layer].index_select(2, self.local_slots)
             vl = ring.v[layer].index_select(2, self.local_slots)
             out_l, lse_l = window_attention_lse(q_rot, kl, vl, scale, pos, self.local_pos, 0, c.n_local - 1)
             dmin = c.n_local if c.remainder_visibility == "query" else -FAR
-            out_g, lse_g = window_attention_lse(q_mem, self.buf_k[layer, :, :, :n_mem],
-                                                self.buf_v[layer, :, :, :n_mem], scale, pos,
-                                                self.memory_positions(n_mem, q.device), dmin, FAR)
+            if self.resident:   # host ints in prefill: the memory's length needs no sync
+                g = self.geo
+                n_mem = g.init_len + min(g.n_blocks, c.topk) * c.block_size + g.rem_len
+                km, vm = self.store.gather(layer, m_index, n_mem)
+            else:
+                km, vm = self.buf_k[layer, :, :, :n_mem], self.buf_v[layer, :, :, :n_mem]
+            out_g, lse_g = window_attention_lse(q_mem, km, vm, scale, pos, self.memory_positions(n_mem, q.device),
+                                                dmin, FAR)
             out, lse = merge_attention([(out_l, lse_l), (out_g, lse_g)])
             mass = window_mass(q_rot, kl, scale, pos, self.local_pos, lse, 0, c.n_local - 1)
             self.observe(layer, q_rot, lse, None)
             out = out.transpose(1, 2).reshape(B, T, Hq * D)
-        ring.score[layer].index_add_(2, self.local_slots, mass)
-        self.after_step(layer, q_mem)
+        if self.resident and decode:
+            self.pending.hold(layer, mass, self.first)
+        else:
+            ring.score[layer].index_add_(2, self.local_slots, mass)
+        if not step.graphed:      # graphed decode: the engine's host hooks form blocks (correction_span)
+            self.after_step(layer, q_mem)
         return out
+
+    def select_device(self, layer: int, q_mem: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Retrieval on the device (resident): (ids int32 [B, units, k] in block order, counts [B, units])."""
+        g, c = self.geo, self.cfg
+        if isinstance(g.n_blocks, int) and g.n_blocks == 0:
+            z = torch.zeros(self.batch, self.units, 0, dtype=torch.int32, device=q_mem.device)
+            return z, z.new_zeros(self.batch, self.units)
+        return select_blocks(q_mem.float().mean(2), self.reprs[layer], g.n_blocks, self.units, c.topk)
+
+    def form_due(self, seq_len: int) -> None:
+        """The engine's host hooks before and after every decode step (graphed ones too): a block that left
+        the window in a graphed step is formed here, before the next retrieval. Never asks for a re-run."""
+        c = self.cfg
+        if self.info is None or max(0, seq_len - c.n_local - c.n_init) // c.block_size <= self.formed_blocks:
+            return
+        self.step = Step(phase="decode", start=seq_len - 1, length=1, positions=torch.tensor([seq_len - 1]))
+        for layer in range(self.info.num_layers):
+            self.after_step(layer, None)
 
     def observe(self, layer, q_rot, lse, raw_local) -> None:
         """After the attention of a step: q_rot [B, Hq, T, D], the merged lse [B, Hq, T], in decode the raw
         local logits at local_slots [B, Hq, n]. InfLLM needs nothing more (Ltri-LLM records its map)."""
-
-    def memory_positions(self, n_mem: int, device) -> torch.Tensor:
-        """Positions of the memory prefix, for the per-query remainder mask: sinks and blocks are out of
-        every window of this chunk (0 stands for them), the remainder has its own."""
-        pos = torch.zeros(n_mem, dtype=torch.long, device=device)
-        if self.rem_len:
-            pos[n_mem - self.rem_len:] = torch.arange(self.rem_start, self.rem_start + self.rem_len, device=device)
-        return pos
-
-    # --- the needle: recall and injection (Ltri-LLM section 2) -----------------------------------
-    def set_samples(self, params: list[dict]) -> None:
-        """Called by the run loop before a batch: the needle's token span per sequence, if the task gives one."""
-        spans = [(p.get("needle_token"), p.get("needle_end")) for p in params]
-        self.needle = spans if self.cfg.evidence != "none" and all(a is not None and b for a, b in spans) else None
-        self.recall = {layer: [] for layer in range(self.info.num_layers)} if self.info else {}
-
-    def inject(self, sel: list[list[list[int]]]) -> list[list[list[int]]]:
-        """The blocks holding the needle first, then the retrieval's own, cut to its length."""
-        c, out = self.cfg, []
-        for b, units in enumerate(sel):
-            s, e = self.needle[b]
-            lo, hi = max(0, s - c.n_init) // c.block_size, (e - 1 - c.n_init) // c.block_size
-            must = [i for i in range(lo, hi + 1) if 0 <= i < self.n_blocks and e > c.n_init]
-            out.append([(must + [x for x in u if x not in must])[:len(u)] for u in units])
-        return out
-
-    def record_recall(self, layer: int, sel) -> None:
-        """Share of the needle's tokens this decode step attends (window, sinks, retrieved blocks, remainder)."""
-        c, p = self.cfg, self.step.start
-        vals = []
-        for b, (s, e) in enumerate(self.needle):
-            blocks = {x for u in sel[b] for x in u} if sel else set()
-            seen = sum(1 for t in range(s, e) if t > p - c.n_local or t < self.init_len
-                       or self.rem_start <= t < self.rem_start + self.rem_len
-                       or (t >= c.n_init and (t - c.n_init) // c.block_size in blocks))
-            vals.append(seen / max(1, e - s))
-        self.recall[layer].append(sum(vals) / len(vals))
-
-    # --- memory: retrieval, cache, the contiguous memory buffer ----------------------------------
-    def fill_memory(self, layer: int, q_mem: torch.Tensor) -> int:
-        """Retrieve and lay out this step's memory in buf_k/buf_v[layer]: [sinks | blocks | remainder];
-        returns its length."""
-        c = self.cfg
-        n_sel = 0
-        sel = None
-        if self.n_blocks > 0:
-            sel = self.select(layer, q_mem)
-            if self.needle is not None and c.evidence == "inject":
-                sel = self.inject(sel)
-            self.selected[layer] = sel
-            n_sel = len(sel[0][0])
-            for b in range(self.batch):
-                wanted = list(dict.fromkeys(blk for unit in sel[b] for blk in unit))
-                slots = self.memory.ensure(layer, b, wanted)
-                for u in range(self.units):
-                    self._arrange(layer, b, u, sel[b][u], slots)
-        if self.needle is not None and self.step.phase == "decode":
-            self.record_recall(layer, sel)
-        start = self.init_len + n_sel * c.block_size
-        if self.rem_len:
-            self.buf_k[layer, :, :, start:start + self.rem_len] = self.ring.k_raw[layer].index_select(2, self.rem_slots)
-            self.buf_v[layer, :, :, start:start + self.rem_len] = self.ring.v[layer].index_select(2, self.rem_slots)
-        return start + self.rem_len
-
-    def _arrange(self, layer, b, u, blocks, slots):
-        """InfLLM's buffer reuse: a block already in a buffer slot stays there; a new one takes the first
-        slot whose block is no longer wanted (only those are copied)."""
-        c, held = self.cfg, self.buf_blocks[layer][b][u]
-        want = set(blocks)
-        heads = slice(None) if not self.cfg.per_head else slice(u, u + 1)
-        for blk in sorted(want):
-            if blk in held:
-                continue
-            j = next(i for i, h in enumerate(held) if h is None or h not in want)
-            held[j] = blk
-            s = c.n_init + j * c.block_size
-            m = self.memory
-            self.buf_k[layer, b, heads, s:s + c.block_size] = m.cache_k[layer, b, slots[blk], heads]
-            self.buf_v[layer, b, heads, s:s + c.block_size] = m.cache_v[layer, b, slots[blk], heads]
 
     def select(self, layer: int, q_mem: torch.Tensor) -> list[list[list[int]]]:
         """Block ids per (sequence, retrieval unit): every block while there are at most topk, else the
@@ -320,43 +354,46 @@ class InfLLM(Method):
         return top_first(s, c.topk).tolist()
 
     # --- after the step: sinks and blocks leave the window ---------------------------------------
-    def after_step(self, layer: int, q_mem: torch.Tensor) -> None:
+    def after_step(self, layer: int, q_mem: torch.Tensor | None) -> None:
+        """Host ints of the step's end: sinks and blocks that left the window (resident: they stay in the
+        positional store; only their index is made)."""
         c, E = self.cfg, self.step.end
         init_new = min(c.n_init, max(0, E - c.n_local))
-        if init_new > self.init_len:   # sinks go to the head of the memory buffer, once
+        if init_new > self.init_len and not self.resident:   # sinks go to the head of the memory buffer, once
             sl = self.ring.slots(self.init_len, init_new)
             self.buf_k[layer, :, :, self.init_len:init_new] = self.ring.k_raw[layer].index_select(2, sl)
             self.buf_v[layer, :, :, self.init_len:init_new] = self.ring.v[layer].index_select(2, sl)
         nb_new = max(0, E - c.n_local - c.n_init) // c.block_size
-        for i in range(self.n_blocks, nb_new):
+        new = []
+        for i in range(self.formed_blocks, nb_new):
             start = c.n_init + i * c.block_size
             sl = self.ring.slots(start, start + c.block_size)
             k = self.ring.k_raw[layer].index_select(2, sl)
-            self.memory.put(layer, i, k, self.ring.v[layer].index_select(2, sl))
-            self.index_block(layer, i, k, self.ring.score[layer].index_select(2, sl))
+            if not self.resident:
+                self.memory.put(layer, i, k, self.ring.v[layer].index_select(2, sl))
+            new.append((i, k, self.ring.score[layer].index_select(2, sl)))
+        self.index_blocks(layer, new)
         if layer == self.info.num_layers - 1:
             self.formed_blocks = nb_new
 
-    def index_block(self, layer: int, i: int, k: torch.Tensor, score: torch.Tensor) -> None:
-        """Representative of block i per query head: mean of its repr_topk most-attended keys."""
-        g = self.info.group
-        top = top_first(score, self.cfg.repr_topk)                # [B, Hq, r]
-        kk = k.repeat_interleave(g, 1)                                        # [B, Hq, bs, D]
-        picked = kk.gather(2, top.unsqueeze(-1).expand(-1, -1, -1, k.shape[-1]))
-        self.reprs[layer, :, i] = picked.float().mean(2).to(self.reprs.dtype)
+    def index_blocks(self, layer: int, blocks: list) -> None:
+        """Representative of each new block (i, raw keys, scores) per query head: mean of its repr_topk
+        most-attended keys."""
+        for i, k, score in blocks:
+            top = top_first(score, self.cfg.repr_topk)                # [B, Hq, r]
+            kk = k.repeat_interleave(self.info.group, 1)                          # [B, Hq, bs, D]
+            picked = kk.gather(2, top.unsqueeze(-1).expand(-1, -1, -1, k.shape[-1]))
+            self.reprs[layer, :, i] = picked.float().mean(2).to(self.reprs.dtype)
+
+    before_decode = correction_span = form_due
 
     # --- reporting -----------------------------------------------------------------------------
     def stats(self):
         out = super().stats()
         m = self.memory
         out.update({"blocks": self.formed_blocks, "block_loads": m.transfers, "block_stores": m.stores,
-                    "device_cache_bytes": m.device_bytes(), "host_bytes": m.host_bytes()})
+                    "device_cache_bytes": (self.store if self.resident else m).device_bytes(),
+                    "host_bytes": m.host_bytes()})
         if self.needle is not None:
             out["needle_recall"] = {layer: [round(x, 4) for x in v] for layer, v in self.recall.items()}
         return out
-
-
-def _reuse(t, shape, dtype, device):
-    if t is not None and t.shape == shape and t.dtype == dtype and t.device == torch.device(device):
-        return t
-    return torch.empty(shape, device=device, dtype=dtype)

@@ -116,7 +116,19 @@ class LtriConfig(MemoryConfig):
         return {**super().describe(), "index": f"{self.index} span index vectors, <= {self.max_vectors} per block",
                 "retrieval": ("retrieval heads of layers " + ",".join(map(str, sorted(rh)))) if rh else "all heads",
                 "voting": self.voting, "persistent": self.persistent,
-                "prefill": f"streamed in chunks of {self.exc_block_size}, last chunk {self.last_chunk}"}
+                "prefill": f"streamed in chunks of {self.exc_block_size}, last chunk {self.last_chunk}",
+                "prefill_extra_work": self.span_cost()}
+
+    def span_cost(self) -> str:
+        """The work the span rule adds to a prefill chunk of T queries, per indexing layer (every layer without
+        retrieval heads), beyond InfLLM's: stated, not timed (notes/kernels.md has the measured total)."""
+        T, bs = self.exc_block_size, self.block_size
+        return (f"per chunk of T={T} and indexing layer: the chunk's causal T x T map (GPU, O(T^2 Hq D)) and, for "
+                f"the T/{bs} blocks leaving the window, {bs} x {bs} maps, each moved to the host and cut into spans "
+                f"there in O(T^2 + T*{bs}) (prefix sums, anti-diagonal filter, quantile, NMS); the band of each "
+                f"token's attention to its previous {bs} (GPU, O(T (T+{bs}) Hq D)); votes of the layers up to this "
+                f"one; ~6 host syncs (query map, retrieval, the leaving blocks' maps and votes, picks). A prompt of "
+                f"n: O(n (T + {bs})) host work per layer")
 
     @classmethod
     def variants(cls):
@@ -127,7 +139,9 @@ class LtriConfig(MemoryConfig):
                  "persistent": False, "ratio_mode": "rowcol", "ratio_area": "density", "last_chunk": None},
                 {"n_init": 2, "n_local": 9, "block_size": 4, "topk": 1, "exc_block_size": 5, "max_cached_block": 2,
                  "spans_per_block": 1, "max_vectors": 3, "voting": False, "index": "static",
-                 "retrieval_heads": [[2, 1, 0.3]], "theta_quantile": [0.5], "iou": [0.3], "last_chunk": 7}]
+                 "retrieval_heads": [[2, 1, 0.3]], "theta_quantile": [0.5], "iou": [0.3], "last_chunk": 7},
+                {"n_init": 3, "n_local": 8, "block_size": 4, "topk": 2, "exc_block_size": 6, "offload": False,
+                 "spans_per_block": 1, "max_vectors": 3, "last_chunk": 4}]
 
 
 def _lists(v):
@@ -138,6 +152,18 @@ def _lists(v):
 class Ltri(InfLLM):
     name = "ltri"
     Config = LtriConfig
+
+    def __init__(self, cfg):
+        super().__init__(cfg)
+        # resident (offload=false): decode reads the persisted retrieval from the device; a fresh
+        # retrieval per decode step (persistent=false) scores spans on the host: eager
+        self.graph_safe = self.resident and self.cfg.persistent
+
+    def begin(self, step):
+        super().begin(step)
+        if step.phase == "decode" and self.cfg.persistent:   # a persistent decode step ranks nothing:
+            self.own_scores = [None] * self.info.num_layers    # no prefill tensor kept across graphed steps
+            self.own_top = [None] * self.info.num_layers
 
     def largest_chunk(self) -> int:
         return max(self.cfg.exc_block_size, self.cfg.last_chunk or 0)
@@ -163,12 +189,20 @@ class Ltri(InfLLM):
         self.band = _reuse(getattr(self, "band", None), (info.num_layers, batch, self.ring_size, c.block_size),
                            torch.float32, device)
         self.persist = [None] * info.num_layers
+        # the same retrieval on the device, for the resident decode: ids [L, B, 1, topk], counts [L, B, 1]
+        self.persist_ids = _reuse(getattr(self, "persist_ids", None), (info.num_layers, batch, 1, c.topk),
+                                  torch.int32, device)
+        self.persist_counts = _reuse(getattr(self, "persist_counts", None), (info.num_layers, batch, 1),
+                                     torch.int32, device)
+        self.persist_ids.zero_()
+        self.persist_counts.zero_()
         self.own_scores = [None] * info.num_layers      # this step's block similarities of indexing layers
         self.own_top = [None] * info.num_layers
         self.vectors_per_block = {}
 
     def index_buffers(self):
-        return {**self.index.buffers(), "band": self.band}
+        return {**self.index.buffers(), "band": self.band, "persist_ids": self.persist_ids,
+                "persist_counts": self.persist_counts}
 
     def _space(self, layer: int, x: torch.Tensor, kv: bool) -> torch.Tensor:
         """[B, H, n, D] -> [B, n, dim] in the layer's index space: its retrieval head, or all heads
@@ -188,7 +222,11 @@ class Ltri(InfLLM):
         a, scale = self.step.start, self.info.scaling
         lo = max(0, a - W + 1)
         keys = torch.arange(lo, a + T, device=q_rot.device)
-        if raw_local is not None:   # decode: logits of the window's slots are at hand
+        if raw_local is not None and self.resident:   # decode, window newest first: column j = distance j
+            w = min(W, raw_local.shape[-1])
+            p = torch.where(self.local_valid[:w], torch.exp(raw_local[..., :w] * scale - lse), 0.0).sum(1)
+            rows = torch.nn.functional.pad(p, (0, W - w)).unsqueeze(1)
+        elif raw_local is not None:   # decode: logits of the window's slots are at hand
             n = self.local_pos.numel()
             raw = raw_local[..., max(0, n - W):]
             kp = self.local_pos[max(0, n - W):]
@@ -214,34 +252,38 @@ class Ltri(InfLLM):
         return torch.where(d >= 0, rows.gather(-1, d.clamp(min=0).unsqueeze(0).expand(rows.shape[0], -1, -1)), 0.0)
 
     # --- indexing a block that leaves the window -----------------------------------------------------
-    def index_block(self, layer, i, k, score):
-        if layer not in self.own:
+    def index_blocks(self, layer, blocks):
+        """Index vectors of the blocks leaving the window at this step (all of a prefill chunk's at once)."""
+        if layer not in self.own or not blocks:
             return
-        c = self.cfg
-        start = c.n_init + i * c.block_size
-        A = self.block_map(layer, start)
-        h = self.own[layer]
-        votes = score[:, h] if h is not None else score.sum(1)                   # [B, bs] attention received
-        keys = self._space(layer, k, kv=True)                                     # [B, bs, dim]
-        # the spans and the picks are host work on a 128 x 128 map: one transfer of the maps and the votes
-        # per block, one of the picked indices back (on a GPU, per-span kernels and syncs dominated)
-        A, votes = S.host(A), votes.detach().cpu()
+        c, h, B = self.cfg, self.own[layer], self.batch
+        maps = torch.stack([self.block_map(layer, c.n_init + i * c.block_size) for i, _, _ in blocks])
+        votes = torch.stack([score[:, h] if h is not None else score.sum(1) for _, _, score in blocks])  # [n, B, bs]
+        # the spans and the picks are host work on 128 x 128 maps: one transfer of every leaving block's maps
+        # and votes, one of the picked indices back (per-span kernels and syncs on a GPU dominated; one
+        # transfer per block made a prefill chunk sync 2 x its blocks times per layer)
+        A, votes = S.host(maps), votes.detach().cpu()
         picked, owner, n_spans = [], [], []
-        for b in range(self.batch):
-            spans = S.detect_spans(A[b], c.per_layer(c.theta_quantile, layer), c.per_layer(c.iou, layer),
-                                   c.spans_per_block, c.fill_gaps)
-            r_a = S.neighbor_ratio(A[b], spans, c.ratio_mode, c.ratio_area == "density")
-            counts = S.vector_counts([y - x + 1 for x, y in spans], r_a, c.lam_of(layer), c.min_vectors,
-                                     c.max_vectors, static=c.index == "static")
-            picked.append(torch.cat([top_first(tie_round(votes[b, x:y + 1]), n) + x
-                                     for (x, y), n in zip(spans, counts)]))
-            owner.append(torch.repeat_interleave(torch.arange(len(spans)), torch.tensor(counts)))
-            n_spans.append(len(spans))
+        for j in range(len(blocks)):
+            for b in range(B):
+                spans = S.detect_spans(A[j, b], c.per_layer(c.theta_quantile, layer), c.per_layer(c.iou, layer),
+                                       c.spans_per_block, c.fill_gaps)
+                r_a = S.neighbor_ratio(A[j, b], spans, c.ratio_mode, c.ratio_area == "density")
+                counts = S.vector_counts([y - x + 1 for x, y in spans], r_a, c.lam_of(layer), c.min_vectors,
+                                         c.max_vectors, static=c.index == "static")
+                picked.append(torch.cat([top_first(tie_round(votes[j, b, x:y + 1]), n) + x
+                                         for (x, y), n in zip(spans, counts)]))
+                owner.append(torch.repeat_interleave(torch.arange(len(spans)), torch.tensor(counts)))
+                n_spans.append(len(spans))
         sizes = [p.numel() for p in picked]
-        both = torch.stack([torch.cat(picked), torch.cat(owner)]).to(keys.device)
-        for b, (idx, own) in enumerate(zip(both[0].split(sizes), both[1].split(sizes))):
-            self.index.add(layer, b, i, keys[b, idx], own, n_spans[b])
-        self.vectors_per_block.setdefault(layer, []).append(sum(sizes) / self.batch)
+        both = torch.stack([torch.cat(picked), torch.cat(owner)]).to(maps.device)
+        parts = list(zip(both[0].split(sizes), both[1].split(sizes)))
+        for j, (i, k, _) in enumerate(blocks):
+            keys = self._space(layer, k, kv=True)                                 # [B, bs, dim]
+            for b in range(B):
+                idx, own = parts[j * B + b]
+                self.index.add(layer, b, i, keys[b, idx], own, n_spans[j * B + b])
+            self.vectors_per_block.setdefault(layer, []).append(sum(sizes[j * B:(j + 1) * B]) / B)
 
     # --- retrieval -------------------------------------------------------------------------------------
     def query_spans(self, layer: int) -> list[list[tuple[int, int]]]:
@@ -288,6 +330,25 @@ class Ltri(InfLLM):
         if self.step.phase != "decode":
             self.persist[layer] = sel
         return sel
+
+    def select_device(self, layer, q_mem):
+        """Resident: decode reads the persisted retrieval (no host work); a prefill chunk (or a decode step
+        without persistence) retrieves on the host (spans, votes) and hands the ids over."""
+        if self.step.phase == "decode" and self.cfg.persistent:
+            return self.persist_ids[layer], self.persist_counts[layer]
+        if self.n_blocks == 0:   # host int: this path runs eagerly
+            z = torch.zeros(self.batch, 1, 0, dtype=torch.int32, device=q_mem.device)
+            return z, z.new_zeros(self.batch, 1)
+        sel = self.select(layer, q_mem)
+        ids = torch.zeros(self.batch, 1, self.cfg.topk, dtype=torch.int32)
+        for b, units in enumerate(sel):
+            ids[b, 0, :len(units[0])] = torch.tensor(sorted(units[0]), dtype=torch.int32)
+        counts = torch.tensor([[len(units[0])] for units in sel], dtype=torch.int32)
+        ids, counts = ids.to(q_mem.device), counts.to(q_mem.device)
+        if self.step.phase != "decode":
+            self.persist_ids[layer].copy_(ids)
+            self.persist_counts[layer].copy_(counts)
+        return ids, counts
 
     def voters(self, layer: int) -> list[tuple[int, float]]:
         if self.rh:

@@ -13,7 +13,9 @@ BlockMemory   evicted blocks of `block_size` tokens. offload=True (InfLLM): ever
               `transfers` counts host->device block loads, `stores` device->host block writes.
 
 Host-side bookkeeping (which block sits in which cache slot, LRU stamps) is plain Python: InfLLM syncs
-the retrieval result to the host every step, and so do these methods (not CUDA-graph safe).
+the retrieval result to the host every step, and so does the offload path here (not CUDA-graph safe).
+With offload=false the methods do not use BlockMemory's blocks: every token stays in a positional store
+and retrieval runs on the device (methods/parts/infllm_device.py, CUDA-graph captured).
 """
 from __future__ import annotations
 

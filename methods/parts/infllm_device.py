@@ -1,0 +1,184 @@
+"""InfLLM / Ltri-LLM's context memory with every block on the device (offload=false): the decode step
+without a host sync, in static shapes, so that the engine can capture it in a CUDA graph.
+
+The host path (offload=true) copies the retrieved blocks into a contiguous buffer on the host's say-so
+(InfLLM's _arrange). Here nothing moves: the raw (un-rotated) key and value of every token stays in a
+store at its absolute position (`PositionalStore`), and the memory part of the attention reads
+[sinks | retrieved blocks | remainder] through token indices into that store (kernels.lse.
+sparse_decode_tokens_lse). Which keys are attended is the host path's; only their order inside the
+memory softmax differs (blocks in block order instead of buffer-slot order): float rounding only.
+
+`Geometry` is the memory layout of a step (sinks, formed blocks, remainder) from the step's first
+position: host ints in a prefill chunk, device tensors in a decode step (the CUDA-graph case). A
+decode step's local window is indexed newest first (index j = distance j), so its valid entries form
+the prefix the sparse kernel reads and the last block_size of them sit at fixed columns.
+
+`PendingMass` makes the decode step idempotent at a position (the engine then warms a graph up without
+saving the method's buffers, which at 128K would be a 16 GiB copy): a step does not add its local
+attention mass to the ring's scores; it leaves it (and its position) pending, and the next step at a
+LATER position folds it in first. The block that leaves the window after a step never needs that
+step's own mass (its last token is out of that query's window), so representatives are the host path's.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from kernels.topk import topk_positions
+
+
+def _same(t, shape, dtype, device) -> bool:
+    return t is not None and t.shape == shape and t.dtype == dtype and t.device == torch.device(device)
+
+
+def reuse(t, shape, dtype, device) -> torch.Tensor:
+    """t when it already has this shape, dtype and device (a captured graph keeps pointing at it), else new."""
+    return t if _same(t, shape, dtype, device) else torch.empty(shape, device=device, dtype=dtype)
+
+
+class PositionalStore:
+    """Un-rotated keys and values of every token at its absolute position: [L, B, Hkv, capacity, D]."""
+
+    def __init__(self):
+        self.k = self.v = None
+
+    def allocate(self, layers, batch, kv_heads, capacity, head_dim, device, dtype) -> None:
+        shape = (layers, batch, kv_heads, max(1, capacity), head_dim)
+        if not _same(self.k, shape, dtype, device):
+            self.k = torch.empty(shape, device=device, dtype=dtype)
+            self.v = torch.empty(shape, device=device, dtype=dtype)
+
+    def write(self, layer, positions, k, v) -> None:
+        self.k[layer].index_copy_(2, positions, k)
+        self.v[layer].index_copy_(2, positions, v)
+
+    def gather(self, layer, index: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values at index [B, Hkv, >= n] (the first n columns) -> [B, Hkv, n, D] each."""
+        D = self.k.shape[-1]
+        idx = index[..., :n].long().unsqueeze(-1).expand(-1, -1, -1, D)
+        return self.k[layer].gather(2, idx), self.v[layer].gather(2, idx)
+
+    def buffers(self) -> dict[str, torch.Tensor]:
+        return {"store_k": self.k, "store_v": self.v}
+
+    def device_bytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.k, self.v) if t is not None)
+
+
+@dataclass
+class Geometry:
+    """The memory of one step: init_len sinks, n_blocks formed blocks, the remainder [rem_start,
+    rem_start + rem_len). Ints (prefill) or int64 [1] device tensors (decode)."""
+
+    init_len: object
+    n_blocks: object
+    rem_start: object
+    rem_len: object
+
+    @classmethod
+    def of(cls, a, T: int, n_init: int, n_local: int, block_size: int) -> Geometry:
+        """`a`: the step's first position, an int or a device tensor; the same formulas either way."""
+        if isinstance(a, int):
+            init_len = min(n_init, max(0, a - n_local))
+            nb = max(0, a - n_local - n_init) // block_size
+            rem_start = init_len + nb * block_size
+            return cls(init_len, nb, rem_start, max(a - rem_start + T - n_local, 0))
+        init_len = (a - n_local).clamp(0, n_init)
+        nb = (a - n_local - n_init).clamp(min=0) // block_size
+        rem_start = init_len + nb * block_size
+        return cls(init_len, nb, rem_start, (a - rem_start + T - n_local).clamp(min=0))
+
+
+class MemoryLayout:
+    """Token positions of the memory per (sequence, KV head): [sinks | retrieved blocks | remainder]. What
+    does not depend on the layer's retrieval (columns, sinks, remainder) is built once per step; `index`
+    adds a layer's blocks (a handful of kernels per layer in the decode step)."""
+
+    def __init__(self, geo: Geometry, n_init: int, block_size: int, width: int, kv_heads: int, capacity: int,
+                 device):
+        self.geo, self.n_init, self.bs, self.kv_heads, self.capacity = geo, n_init, block_size, kv_heads, capacity
+        j = torch.arange(width, device=device)
+        self.off = j - geo.init_len                                         # column within blocks
+        self.sink = j < geo.init_len
+        self.blk_col = self.off.div(block_size, rounding_mode="floor").clamp(min=0)
+        self.within = n_init + self.off.remainder(block_size)
+        self.rem = geo.rem_start + self.off
+        self.base_n = geo.init_len + geo.rem_len
+
+    def index(self, ids: torch.Tensor, counts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """ids int [B, U, k] (the first `counts` [B, U] valid; U = 1, shared by the layer's heads, or Hkv)
+        -> (positions int32 [B, Hkv, width], counts int32 [B, Hkv]). Columns past a count hold positions
+        that are never read (clamped into the store)."""
+        B, U, k = ids.shape
+        nsel = counts.long().unsqueeze(-1) * self.bs                        # [B, U, 1]
+        if k:
+            blk = ids.long().gather(-1, self.blk_col.clamp(max=k - 1).expand(B, U, -1))
+            pos_blk = self.within + blk * self.bs
+        else:
+            pos_blk = self.within.expand(B, U, -1)
+        pos = torch.where(self.sink, self.off + self.geo.init_len,
+                          torch.where(self.off < nsel, pos_blk, self.rem - nsel))
+        pos = pos.clamp(0, self.capacity - 1).to(torch.int32)
+        n = (self.base_n + nsel.squeeze(-1)).to(torch.int32)
+        if U != self.kv_heads:
+            pos, n = pos.expand(B, self.kv_heads, -1), n.expand(B, self.kv_heads)
+        return pos.contiguous(), n.contiguous()
+
+
+def memory_index(geo: Geometry, ids: torch.Tensor, counts: torch.Tensor, n_init: int, block_size: int,
+                 width: int, kv_heads: int, capacity: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """MemoryLayout(...).index(ids, counts) in one call."""
+    return MemoryLayout(geo, n_init, block_size, width, kv_heads, capacity, ids.device).index(ids, counts)
+
+
+def select_blocks(qm: torch.Tensor, reprs: torch.Tensor, n_blocks, units: int, topk: int):
+    """InfLLM's retrieval on the device: qm [B, Hq, D] fp32 chunk-mean memory query, reprs [B, N, Hq, D]
+    (N = the run's block capacity); blocks at or past n_blocks (int or [1] tensor) never chosen. Returns
+    (ids int32 [B, units, min(topk, N)] in block order, counts int32 [B, units] = min(topk, n_blocks)):
+    the top-k of <qm, repr> summed over each unit's heads, ties to the lower block (selection.top_first's
+    set)."""
+    B, N, Hq, D = reprs.shape
+    if units == 1:   # one GEMV over the concatenated heads (no permuted copy of the index)
+        s = torch.bmm(reprs.float().view(B, N, Hq * D), qm.reshape(B, Hq * D, 1)).view(B, 1, N)
+    else:
+        s = torch.einsum("bhd,bnhd->bhn", qm, reprs.float()).unflatten(1, (units, -1)).sum(2)   # [B, units, N]
+    live = torch.arange(s.shape[-1], device=s.device) < n_blocks
+    s = torch.where(live, s, float("-inf"))
+    return topk_positions(s, None, topk, impl="radix" if s.is_cuda else "auto")
+
+
+class PendingMass:
+    """A decode step's local attention mass, folded into the ring's scores by the next later step."""
+
+    def __init__(self):
+        self.mass = self.pos = None
+
+    def allocate(self, layers, batch, q_heads, n_local, device) -> None:
+        shape = (layers, batch, q_heads, n_local)
+        if not _same(self.mass, shape, torch.float32, device):
+            self.mass = torch.empty(shape, device=device, dtype=torch.float32)
+            self.pos = torch.empty(layers, 1, device=device, dtype=torch.long)
+        self.pos.fill_(-1)
+
+    def prepare(self, a, ring_size: int) -> None:
+        """At the start of a step whose first position is `a` (int or [1]): where the pending masses go and
+        whether they are due. Every layer holds (or clears) at the same step, so layer 0's position is
+        every layer's."""
+        p = self.pos[0]
+        self._take = (p >= 0) & (p < a)
+        self._slots = (p - torch.arange(self.mass.shape[-1], device=p.device)).remainder(ring_size)
+
+    def fold(self, layer: int, score: torch.Tensor) -> None:
+        """score [B, Hq, R] += the pending mass of `layer` if it is from a position before this step's."""
+        score.index_add_(2, self._slots, torch.where(self._take, self.mass[layer], 0.0))
+
+    def hold(self, layer: int, mass: torch.Tensor, a: torch.Tensor) -> None:
+        self.mass[layer].copy_(mass)
+        self.pos[layer].copy_(a)
+
+    def clear(self, layer: int) -> None:
+        self.pos[layer].fill_(-1)
+
+    def buffers(self) -> dict[str, torch.Tensor]:
+        return {"pending_mass": self.mass, "pending_pos": self.pos}
