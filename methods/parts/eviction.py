@@ -135,9 +135,11 @@ class EvictionMethod(Method):
         k_pos = torch.cat([torch.zeros(n_old, dtype=torch.long, device=q.device), q_pos])  # old: all visible
         # the kept tokens precede the chunk: [kept | chunk] is plain causal attention, SDPA's fused path
         # without the [T, n_old + T] mask that k_pos spells out (the mass below needs it: no fused path)
-        out = kernels.prefill_attention(q, rotated, values, self.info.scaling)
-        rows = slice(None) if self.score_rows == "all" else slice(-1, None)
-        mass = kernels.attention_mass(q[:, :, rows], rotated, self.info.scaling, q_pos=q_pos[rows], k_pos=k_pos)
+        if self.score_rows == "all":   # the same visibility; flash's lse + one causal column pass (H2O, issue 34)
+            out, mass = kernels.causal_attention_mass(q, rotated, values, self.info.scaling)
+        else:
+            out = kernels.prefill_attention(q, rotated, values, self.info.scaling)
+            mass = kernels.attention_mass(q[:, :, -1:], rotated, self.info.scaling, q_pos=q_pos[-1:], k_pos=k_pos)
         score = self.score(mass)
         if self.accumulate:
             score = score + torch.cat([S.score[layer, :, :, :n_old], torch.zeros(B, Hkv, T, device=q.device)], 2)
