@@ -62,6 +62,8 @@ class SparseIndex:
     q_len: int                  # T
     block: int                  # query/key block size
     first_block: int            # absolute query block of list row 0 (q_start // block)
+    dense_below: int = 0        # rows (positions) below this see every listed key, no window, no column
+    columns_outside: bool = False   # columns are seen only outside the window rule (BigBird's random picks)
 
 
 @dataclass(frozen=True)
@@ -226,10 +228,42 @@ def build_index(heads, index, q_start: int, T: int, N: int, B: int, bs: int, dev
     return idx
 
 
+def banded_index(q_start: int, T: int, N: int, B: int, bs: int, sink: int, window: int, dense_below: int,
+                 columns: torch.Tensor, column_count: torch.Tensor, dev) -> SparseIndex:
+    """BigBird's lists (methods/bigbird.py, picks drawn per query block): every query head reads the sinks
+    [0, sink) and its row's window of `window` keys (a_shape pieces, masked per row in the kernel), rows below
+    `dense_below` every causal key (the pieces of a block holding such a row cover [0, its last row]), and
+    the block's own random keys `columns` [Hq, Q, C] (the first column_count [Q] of each row live), seen
+    by the rows at or past dense_below only where the window rule hides them (they lie before the window)."""
+    assert T >= 1 and q_start + T <= N, (q_start, T, N)
+    first, last = q_start // bs, (q_start + T - 1) // bs
+    qb = torch.arange(first, last + 1, device=dev)
+    r = _Rows(qb, (qb * bs).clamp(min=q_start), ((qb + 1) * bs).clamp(max=q_start + T), bs, N, last + 1)
+    a = a_shape_lists(sink, window, r)
+    dense = r.lo < dense_below                                           # [Q] a block holding a dense row
+    if bool(dense.any()):
+        n_dense = int(-(-min(dense_below + bs, N) // bs))                # key blocks a dense block may reach
+        d = dense_lists(_Rows(r.qb, r.lo, r.hi, bs, N, min(r.blocks, n_dense)))
+        cap = max(a[0].shape[-1], d[0].shape[-1])
+        pad = lambda t: torch.nn.functional.pad(t, (0, cap - t.shape[-1]))
+        all_dense = (r.hi - 1 < dense_below)                             # every row dense: the free pieces stay free
+        a = (torch.where(dense[:, None], pad(d[0]), pad(a[0])), torch.where(dense[:, None], pad(d[1]), pad(a[1])),
+             torch.where(dense, d[2], a[2]), torch.where(dense, torch.where(all_dense, d[3], 0), a[3]))
+    H, Q = columns.shape[0], len(qb)
+    exp = lambda t: t.expand(B, H, *t.shape).contiguous()
+    return SparseIndex(exp(a[0]), exp(a[1]), exp(a[2]), exp(a[3]), columns.to(torch.int32).expand(B, -1, -1, -1)
+                       .contiguous(), column_count.to(torch.int32).expand(B, H, Q).contiguous(),
+                       torch.full((H,), min(sink, WIDE), dtype=torch.int32, device=dev),
+                       torch.full((H,), min(window, WIDE), dtype=torch.int32, device=dev),
+                       q_start, T, bs, first, dense_below, True)
+
+
 # ----------------------------------------------------------------------------- torch reference
 
 def index_mask(idx: SparseIndex, N: int) -> torch.Tensor:
-    """What the kernel attends: [B, H, T, N] bool, the lists expanded per query row, causal, windowed."""
+    """What the kernel attends: [B, H, T, N] bool, the lists expanded per query row, causal, windowed (pieces:
+    inside the window rule or a row below dense_below; columns: the same, or with columns_outside exactly
+    outside it and for the other rows)."""
     cb, dev = idx.block_start.shape[-1], idx.block_start.device
     keys = torch.arange(N, device=dev)
     slot = torch.arange(cb, device=dev)
@@ -239,13 +273,18 @@ def index_mask(idx: SparseIndex, N: int) -> torch.Tensor:
     cc = idx.column_index.shape[-1]
     clive = torch.arange(cc, device=dev) < idx.column_count[..., None]
     hit = torch.zeros(cover.shape, dtype=torch.int32, device=dev).scatter_add_(-1, idx.column_index.long(),
-                                                                               clive.to(torch.int32))
-    cover |= hit > 0
+                                                                               clive.to(torch.int32)) > 0
     rows = torch.arange(idx.q_start, idx.q_start + idx.q_len, device=dev)
-    m = cover[:, :, rows // idx.block - idx.first_block]                            # [B, H, T, N]
+    qrow = rows // idx.block - idx.first_block
     dist = rows[:, None] - keys[None, :]
-    window = (dist[None] < idx.local[:, None, None]) | (keys[None, None, :] < idx.init[:, None, None])
-    return m & (dist >= 0) & window[None]
+    window = ((dist[None] < idx.local[:, None, None]) | (keys[None, None, :] < idx.init[:, None, None]))[None]
+    dense = (rows < idx.dense_below)[None, None, :, None]
+    seen = window | dense
+    if idx.columns_outside:
+        m = (cover[:, :, qrow] & seen) | (hit[:, :, qrow] & ~seen)
+    else:
+        m = (cover | hit)[:, :, qrow] & seen
+    return m & (dist >= 0)
 
 
 def mixed_sparse_attention_ref(q, k, v, idx: SparseIndex, scale: float, count: bool = False):

@@ -270,3 +270,22 @@ def test_kernel_llama3_shape_bf16(pattern, config):
     err = ((got.float() - want.float()).norm() / want.float().norm()).item()
     assert err < 1e-2, err
     assert int(pairs.sum()) == kept
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("q_start", [0, 1000])
+def test_banded_index_llama3_shape_bf16(q_start):
+    """BigBird's lists (banded_index: sinks + window pieces, dense rows, the blocks' random columns outside the
+    window) on the kernel against the masked reference at the Llama-3-8B shape."""
+    N, HQ, HKV, D, bs, sink, window, budget = 4096, 32, 8, 128, 64, 64, 480, 1024
+    q, k, v = qkv(1, HQ, HKV, N, q_start, D, seed=4, dtype=torch.bfloat16)
+    Q = N // bs - q_start // bs
+    g = torch.Generator(device=DEV).manual_seed(0)
+    cols = sink + torch.arange(480, device=DEV) * 7 + torch.randint(0, 7, (HQ, Q, 480), device=DEV, generator=g)
+    live = torch.full((Q,), 480, device=DEV)
+    idx = KM.banded_index(q_start, N - q_start, N, 1, bs, sink, window, budget, cols, live, q.device)
+    got = KM.mixed_sparse_attention(q, k, v, idx, SCALE)
+    want = KM.mixed_sparse_attention_ref(q, k, v, idx, SCALE)
+    err = ((got.float() - want.float()).norm() / want.float().norm()).item()
+    assert err < 1e-2, err
