@@ -81,9 +81,12 @@ def stages(info, N, layer=20):
     heads = P.resolve("auto", model="llama3", num_layers=info.num_layers, num_heads=Hq).heads[layer]
     c, pos = P.Consts(), torch.arange(N, device="cuda")
     index = []
-    row["minf_estimate_s"] = timed(lambda: index.append(
-        [P.head_index(p, q[:, h], k[:, h // (Hq // Hkv)], pos, c, s) for h, p in enumerate(heads)]))
+    row["minf_estimate_per_head_s"] = timed(      # before: one head at a time
+        lambda: [P.head_index(p, q[:, h], k[:, h // (Hq // Hkv)], pos, c, s) for h, p in enumerate(heads)], 1)
+    row["minf_estimate_s"] = timed(lambda: index.append(P.layer_index(heads, q, k, pos, c, s)))
     idx = []
+    row["minf_lists_per_head_s"] = timed(         # before: each head's lists alone
+        lambda: [KM.build_index(heads[h:h + 1], index[0][h:h + 1], 0, N, N, 1, c.block, q.device) for h in range(Hq)], 1)
     row["minf_lists_s"] = timed(lambda: idx.append(KM.build_index(heads, index[0], 0, N, N, 1, c.block, q.device)))
     row["minf_kernel_s"] = timed(lambda: KM.mixed_sparse_attention(q, k, v, idx[0], s))
     _, pairs = KM.mixed_sparse_attention(q, k, v, idx[0], s, count=True)

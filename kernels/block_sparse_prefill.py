@@ -193,35 +193,43 @@ def build_index(heads, index, q_start: int, T: int, N: int, B: int, bs: int, dev
     first, last = q_start // bs, (q_start + T - 1) // bs
     qb = torch.arange(first, last + 1, device=dev)
     r = _Rows(qb, (qb * bs).clamp(min=q_start), ((qb + 1) * bs).clamp(max=q_start + T), bs, N, last + 1)
-    lists, init, local = [], [], []
-    for p, ix in zip(heads, index):
+    H, Q = len(heads), len(qb)
+    groups: dict = {}                      # heads of one pattern: their lists in one batched call (launches, not bytes)
+    for h, p in enumerate(heads):
+        groups.setdefault((p.kind, p.a, p.b), []).append(h)
+    stack = lambda hs, i=None: torch.stack([index[h] if i is None else index[h][i] for h in hs], 1).flatten(0, 1)
+    lists = []
+    for (kind, a, b), hs in groups.items():
         cols = None
-        if p.kind == "vertical_slash":
-            *blocks, cols, ccount = vertical_slash_lists(ix[0], ix[1], r)
-        elif p.kind == "a_shape":
-            blocks = a_shape_lists(p.a, p.b, r)
-        elif p.kind == "block_sparse":
-            blocks = block_sparse_lists(ix, p.a, r)
-        elif p.kind == "dense":
+        if kind == "vertical_slash":        # [B * n, ...] -> [B, n, ...]
+            out = vertical_slash_lists(stack(hs, 0), stack(hs, 1), r)
+            *blocks, cols, ccount = [t.unflatten(0, (B, len(hs))) for t in out]
+        elif kind == "a_shape":             # [Q, ...]: every sequence and head of the group alike
+            blocks = a_shape_lists(a, b, r)
+        elif kind == "block_sparse":
+            blocks = [t.unflatten(0, (B, len(hs))) for t in block_sparse_lists(stack(hs), a, r)]
+        elif kind == "dense":
             blocks = dense_lists(r)
         else:
-            raise ValueError(f"no block/column lists for pattern kind {p.kind!r}")
-        lists.append((blocks, None if cols is None else (cols, ccount)))
-        init.append(min(p.a, WIDE) if p.kind == "a_shape" else 0)
-        local.append(min(p.b, WIDE) if p.kind == "a_shape" else WIDE)
-    H, Q = len(heads), len(qb)
-    cb = max(b[0].shape[-1] for b, _ in lists)
-    cc = max([1] + [c[0].shape[-1] for _, c in lists if c is not None])
+            raise ValueError(f"no block/column lists for pattern kind {kind!r}")
+        lists.append((hs, blocks, None if cols is None else (cols, ccount)))
+    init = [min(p.a, WIDE) if p.kind == "a_shape" else 0 for p in heads]
+    local = [min(p.b, WIDE) if p.kind == "a_shape" else WIDE for p in heads]
+    cb = max(b[0].shape[-1] for _, b, _ in lists)
+    cc = max([1] + [c[0].shape[-1] for _, _, c in lists if c is not None])
     z = lambda *s: torch.zeros(*s, dtype=torch.int32, device=dev)
     idx = SparseIndex(z(B, H, Q, cb), z(B, H, Q, cb), z(B, H, Q), z(B, H, Q), z(B, H, Q, cc), z(B, H, Q),
                       torch.tensor(init, dtype=torch.int32, device=dev), torch.tensor(local, dtype=torch.int32,
                                                                                         device=dev),
                       q_start, T, bs, first)
-    for h, ((bstart, bend, bcount, bfree), cols) in enumerate(lists):   # per-head shapes broadcast over the batch
-        idx.block_start[:, h, :, :bstart.shape[-1]] = bstart
-        idx.block_end[:, h, :, :bend.shape[-1]] = bend
-        idx.block_count[:, h] = bcount
-        idx.block_free[:, h] = bfree
+    for hs, blocks, cols in lists:   # an a_shape / dense group's [Q, ...] lists broadcast over batch and heads
+        h, n = torch.tensor(hs, device=dev), len(hs)
+        fit = lambda t, d, n=n: t if t.dim() == d else t.expand(B, n, *t.shape)
+        bstart, bend, bcount, bfree = blocks
+        idx.block_start[:, h, :, :bstart.shape[-1]] = fit(bstart, 4)
+        idx.block_end[:, h, :, :bend.shape[-1]] = fit(bend, 4)
+        idx.block_count[:, h] = fit(bcount, 3)
+        idx.block_free[:, h] = fit(bfree, 3)
         if cols is not None:
             idx.column_index[:, h, :, :cols[0].shape[-1]] = cols[0]
             idx.column_count[:, h] = cols[1]

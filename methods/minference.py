@@ -192,13 +192,13 @@ def prefill_path(q, cover: str) -> str:
 
 
 def kernel_prefill(q, k, v, q_pos, q_start: int, heads, c: P.Consts, scale: float):
-    """P.sparse_prefill on the kernel: the same index estimation (torch, one head at a time, each query head
-    over its own KV head), the block/column lists, one launch for the layer. q_pos must be q_start + arange(T)
+    """P.sparse_prefill on the kernel: the same index estimation (torch, heads of one pattern batched, each query
+    head over its own KV head), the block/column lists (batched per pattern), one launch for the layer. q_pos must be q_start + arange(T)
     (a prefill step's positions). -> ([B, T, Hq * D], density as a device scalar: pairs the kernel attended
     over the causal pairs)."""
     B, Hq, T, _ = q.shape
-    N, g = k.shape[2], Hq // k.shape[1]
-    index = [P.head_index(p, q[:, h], k[:, h // g], q_pos, c, scale) for h, p in enumerate(heads)]
+    N = k.shape[2]
+    index = P.layer_index(heads, q, k, q_pos, c, scale)
     idx = KM.build_index(heads, index, q_start, T, N, B, c.block, q.device)
     out, pairs = KM.mixed_sparse_attention(q, k, v, idx, scale, count=True)
     causal = B * Hq * (T * q_start + T * (T + 1) // 2)

@@ -289,3 +289,21 @@ def test_banded_index_llama3_shape_bf16(q_start):
     want = KM.mixed_sparse_attention_ref(q, k, v, idx, SCALE)
     err = ((got.float() - want.float()).norm() / want.float().norm()).item()
     assert err < 1e-2, err
+
+
+def test_layer_index_batches_heads_to_the_same_index():
+    """minference_patterns.layer_index (equal-sized vertical-slash heads estimated as one batch, per_call at a
+    time) gives each head what head_index gives it alone; other kinds are estimated alone."""
+    c = consts(8)
+    heads = [VS, VS, AS, P.Pattern("vertical_slash", 3, 4), VS, BSP, VS, P.Pattern("vertical_slash", 3, 4)]
+    q, k, _ = qkv(2, 8, 2, 70, 10, 16, seed=11, device="cpu")
+    pos = torch.arange(10, 70)
+    got = P.layer_index(heads, q, k, pos, c, SCALE, per_call=3)
+    for h, p in enumerate(heads):
+        want = P.head_index(p, q[:, h], k[:, h // 4], pos, c, SCALE)
+        if want is None:
+            assert got[h] is None
+        elif isinstance(want, tuple):
+            assert all(torch.equal(a, b) for a, b in zip(got[h], want))
+        else:
+            assert torch.equal(got[h], want)
