@@ -25,6 +25,7 @@ import kernels
 from bench.engine import load_bench_model, provenance
 from bench.method_speed import method_cfg
 from kernels import block_sparse_prefill as KM
+from kernels import mass_prefill as MP
 from methods import build
 from methods.parts import minference_patterns as P
 from runners.engine import Engine
@@ -78,6 +79,10 @@ def stages(info, N, layer=20):
     row["h2o_attention_and_mass_s"] = timed(lambda: kernels.causal_attention_mass(q, k, v, s))
     row["h2o_mass_pass_only_s"] = row["h2o_attention_and_mass_s"] - row["full_sdpa_s"]
     row["old_attention_mass_s"] = timed(lambda: kernels.attention_mass(q, k, s), repeat=1)
+    lse2 = MP._flash_with_lse(q, k, v, s)[1] * MP.LOG2E              # H2O's column pass alone, launch configs
+    for bm, bn, w, st in [(64, 128, 8, 3), (128, 64, 8, 3), (64, 64, 4, 3), (128, 128, 8, 2), (64, 128, 4, 3)]:
+        cfg = {"block_m": bm, "block_n": bn, "num_warps": w, "num_stages": st}
+        row[f"h2o_mass_{bm}x{bn}_w{w}_s{st}_s"] = timed(lambda cfg=cfg: MP.causal_mass(q, k, lse2, s, cfg))
     heads = P.resolve("auto", model="llama3", num_layers=info.num_layers, num_heads=Hq).heads[layer]
     c, pos = P.Consts(), torch.arange(N, device="cuda")
     index = []

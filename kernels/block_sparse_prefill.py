@@ -43,7 +43,8 @@ import torch.nn.functional as F
 
 from ._common import backend_for
 
-NEG = -(1 << 40)      # "no range yet" in the int64 scans
+NEG32 = -(1 << 30)    # "no range yet" in the int32 scans (keys stay below 2^30)
+LIST_ENTRIES = 1 << 24   # [heads, query blocks, slashes] entries of one batched vertical-slash list build
 WIDE = 1 << 30        # the window of a head without one (fits the kernel's int32)
 
 
@@ -117,25 +118,26 @@ def vertical_slash_lists(cols: torch.Tensor, offs: torch.Tensor, r: _Rows):
     new group) and each group is cut into pieces of bs keys from its start: range i adds at most one piece,
     so s is a capacity. A column is kept unless the first range ending past it also starts at or before it."""
     bs, s = r.bs, offs.shape[-1]
-    d = offs.long().sort(-1, descending=True).values[:, None, :]         # ranges in ascending key order
-    end = r.end[None, :, None]
+    # int32 values (keys < 2^30): these [B, Q, s] scans are the index build's bytes (int64 only for indices)
+    d = offs.to(torch.int32).sort(-1, descending=True).values[:, None, :]   # ranges in ascending key order
+    end = r.end.to(torch.int32)[None, :, None]
     live = d < end                                                       # [B, Q, s]; dead ones come first
     e = torch.where(live, (end - d).clamp(min=bs), -1)
     prev = F.pad(e, (1, 0), value=-1)[..., :-1]
     new = live & (e - bs > prev)                                         # a gap before it: a new group
-    start = torch.where(new, e - bs, NEG).cummax(-1).values              # its group's first key
+    start = torch.where(new, e - bs, NEG32).cummax(-1).values            # its group's first key
     chunks = torch.div(e - start + bs - 1, bs, rounding_mode="floor")    # pieces of the group up to e
     piece = start + (chunks - 1) * bs
     gid = new.cumsum(-1)
-    last = torch.full(e.shape[:-1] + (s + 1,), NEG, dtype=e.dtype, device=e.device).scatter_reduce(
-        -1, gid, torch.where(live, e, NEG), "amax").gather(-1, gid)      # the group's last key + 1
+    last = torch.full(e.shape[:-1] + (s + 1,), NEG32, dtype=e.dtype, device=e.device).scatter_reduce(
+        -1, gid, torch.where(live, e, NEG32), "amax").gather(-1, gid)    # the group's last key + 1
     keep = live & (new | (chunks > F.pad(chunks, (1, 0))[..., :-1])) & (piece < r.N)
     piece_end = torch.minimum(torch.minimum(piece + bs, last), torch.full_like(last, r.N))
     # disjoint pieces below e_m: full ones plus one partial per group (a group holds >= bs keys)
     cap = min(s, 2 * r.blocks)
     (bstart, bend), bcount, bfree = _compact(keep, [piece, piece_end], cap, _free(piece, piece_end, r))
     # columns: first range with e > column (e ascending, dead = -1 first); covered if it starts <= column
-    cv = cols.long().sort(-1).values[:, None, :].expand(-1, e.shape[1], -1).contiguous()
+    cv = cols.to(torch.int32).sort(-1).values[:, None, :].expand(-1, e.shape[1], -1).contiguous()
     i = torch.searchsorted(e.contiguous(), cv, right=True)
     covered = (i < s) & (e.gather(-1, i.clamp(max=s - 1)) - bs <= cv)
     ckeep = ~covered & (cv < r.hi[None, :, None]) & (cv < r.N)
@@ -201,9 +203,14 @@ def build_index(heads, index, q_start: int, T: int, N: int, B: int, bs: int, dev
     lists = []
     for (kind, a, b), hs in groups.items():
         cols = None
-        if kind == "vertical_slash":        # [B * n, ...] -> [B, n, ...]
-            out = vertical_slash_lists(stack(hs, 0), stack(hs, 1), r)
-            *blocks, cols, ccount = [t.unflatten(0, (B, len(hs))) for t in out]
+        if kind == "vertical_slash":        # [B * n, ...] -> [B, n, ...], n heads per call: LIST_ENTRIES bounds memory
+            per = max(1, LIST_ENTRIES // max(1, B * Q * index[hs[0]][1].shape[-1]))
+            for i in range(0, len(hs), per):
+                part = hs[i:i + per]
+                out = vertical_slash_lists(stack(part, 0), stack(part, 1), r)
+                *blocks, cols, ccount = [t.unflatten(0, (B, len(part))) for t in out]
+                lists.append((part, blocks, (cols, ccount)))
+            continue
         elif kind == "a_shape":             # [Q, ...]: every sequence and head of the group alike
             blocks = a_shape_lists(a, b, r)
         elif kind == "block_sparse":

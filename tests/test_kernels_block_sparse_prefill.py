@@ -307,3 +307,16 @@ def test_layer_index_batches_heads_to_the_same_index():
             assert all(torch.equal(a, b) for a, b in zip(got[h], want))
         else:
             assert torch.equal(got[h], want)
+
+
+def test_build_index_in_parts_equals_one_batch(monkeypatch):
+    """Equal-pattern vertical-slash heads are listed LIST_ENTRIES at a time: one head a call gives the same lists."""
+    c = consts(8)
+    heads = [VS, AS, VS, VS, P.Pattern("vertical_slash", 3, 4), DENSE, VS, BSP]
+    q, k, _ = qkv(2, 8, 4, 50, 7, 16, seed=12, device="cpu")
+    index, whole = lists(heads, q, k, 7, c)
+    monkeypatch.setattr(KM, "LIST_ENTRIES", 1)
+    parts = KM.build_index(heads, index, 7, q.shape[2], k.shape[2], 2, c.block, q.device)
+    for name in ("block_start", "block_end", "block_count", "block_free", "column_index", "column_count"):
+        assert torch.equal(getattr(whole, name), getattr(parts, name)), name
+    check_lists(heads, index, parts, 7, 50, c)
