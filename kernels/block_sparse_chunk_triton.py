@@ -67,7 +67,7 @@ def _chunk_fwd(Q, Kc, Vc, Kx, Vx, Out, Lse, BStart, BEnd, BCount, BFree, CIdx, C
     if n_full < NC:
         cols = n_full + ar
         acc, m_i, l_i, pairs = _tile(acc, m_i, l_i, pairs, q, kc, vc, cols, cols < NC, rows + NC, rvalid, 0, NO_WINDOW,
-                                     s_kn, s_vn, dd, qk_scale, D, BD, PREC, UPCAST, OFF64, False)
+                                     0, s_kn, s_vn, dd, qk_scale, D, BD, PREC, UPCAST, OFF64, False, False)
     # the chunk's own keys under the index: _mixed_sparse_fwd's two stages and its columns
     kx = Kx + b * s_kb + kvh * s_kh
     vx = Vx + b * s_vb + kvh * s_vh
@@ -90,13 +90,13 @@ def _chunk_fwd(Q, Kc, Vc, Kx, Vx, Out, Lse, BStart, BEnd, BCount, BFree, CIdx, C
         end = tl.load(BEnd + lin * CB + j)
         cols = start + ar
         acc, m_i, l_i, pairs = _tile(acc, m_i, l_i, pairs, q, kx, vx, cols, cols < end, rows, rvalid, init, local,
-                                     s_kn, s_vn, dd, qk_scale, D, BD, PREC, UPCAST, OFF64, True)
+                                     0, s_kn, s_vn, dd, qk_scale, D, BD, PREC, UPCAST, OFF64, True, False)
     nc = tl.load(CCount + lin)
     for c0 in range(0, nc, BM):
         live = c0 + ar < nc
         cols = tl.load(CIdx + lin * CC + c0 + ar, mask=live, other=0)
         acc, m_i, l_i, pairs = _tile(acc, m_i, l_i, pairs, q, kx, vx, cols, live, rows, rvalid, init, local,
-                                     s_kn, s_vn, dd, qk_scale, D, BD, PREC, UPCAST, OFF64, True)
+                                     0, s_kn, s_vn, dd, qk_scale, D, BD, PREC, UPCAST, OFF64, True, False)
     seen = l_i > 0
     l_safe = tl.where(seen, l_i, 1.0)
     tl.store(Out + b * s_ob + t[:, None] * s_ot + h64 * s_oh + dd[None, :], (acc / l_safe[:, None]).to(

@@ -43,7 +43,8 @@ import torch.nn.functional as F
 
 from ._common import backend_for
 
-NEG = -(1 << 40)      # "no range yet" in the int64 scans
+NEG32 = -(1 << 30)    # "no range yet" in the int32 scans (keys stay below 2^30)
+LIST_ENTRIES = 1 << 24   # [heads, query blocks, slashes] entries of one batched vertical-slash list build
 WIDE = 1 << 30        # the window of a head without one (fits the kernel's int32)
 
 
@@ -62,6 +63,8 @@ class SparseIndex:
     q_len: int                  # T
     block: int                  # query/key block size
     first_block: int            # absolute query block of list row 0 (q_start // block)
+    dense_below: int = 0        # rows (positions) below this see every listed key, no window, no column
+    columns_outside: bool = False   # columns are seen only outside the window rule (BigBird's random picks)
 
 
 @dataclass(frozen=True)
@@ -115,25 +118,26 @@ def vertical_slash_lists(cols: torch.Tensor, offs: torch.Tensor, r: _Rows):
     new group) and each group is cut into pieces of bs keys from its start: range i adds at most one piece,
     so s is a capacity. A column is kept unless the first range ending past it also starts at or before it."""
     bs, s = r.bs, offs.shape[-1]
-    d = offs.long().sort(-1, descending=True).values[:, None, :]         # ranges in ascending key order
-    end = r.end[None, :, None]
+    # int32 values (keys < 2^30): these [B, Q, s] scans are the index build's bytes (int64 only for indices)
+    d = offs.to(torch.int32).sort(-1, descending=True).values[:, None, :]   # ranges in ascending key order
+    end = r.end.to(torch.int32)[None, :, None]
     live = d < end                                                       # [B, Q, s]; dead ones come first
     e = torch.where(live, (end - d).clamp(min=bs), -1)
     prev = F.pad(e, (1, 0), value=-1)[..., :-1]
     new = live & (e - bs > prev)                                         # a gap before it: a new group
-    start = torch.where(new, e - bs, NEG).cummax(-1).values              # its group's first key
+    start = torch.where(new, e - bs, NEG32).cummax(-1).values            # its group's first key
     chunks = torch.div(e - start + bs - 1, bs, rounding_mode="floor")    # pieces of the group up to e
     piece = start + (chunks - 1) * bs
     gid = new.cumsum(-1)
-    last = torch.full(e.shape[:-1] + (s + 1,), NEG, dtype=e.dtype, device=e.device).scatter_reduce(
-        -1, gid, torch.where(live, e, NEG), "amax").gather(-1, gid)      # the group's last key + 1
+    last = torch.full(e.shape[:-1] + (s + 1,), NEG32, dtype=e.dtype, device=e.device).scatter_reduce(
+        -1, gid, torch.where(live, e, NEG32), "amax").gather(-1, gid)    # the group's last key + 1
     keep = live & (new | (chunks > F.pad(chunks, (1, 0))[..., :-1])) & (piece < r.N)
     piece_end = torch.minimum(torch.minimum(piece + bs, last), torch.full_like(last, r.N))
     # disjoint pieces below e_m: full ones plus one partial per group (a group holds >= bs keys)
     cap = min(s, 2 * r.blocks)
     (bstart, bend), bcount, bfree = _compact(keep, [piece, piece_end], cap, _free(piece, piece_end, r))
     # columns: first range with e > column (e ascending, dead = -1 first); covered if it starts <= column
-    cv = cols.long().sort(-1).values[:, None, :].expand(-1, e.shape[1], -1).contiguous()
+    cv = cols.to(torch.int32).sort(-1).values[:, None, :].expand(-1, e.shape[1], -1).contiguous()
     i = torch.searchsorted(e.contiguous(), cv, right=True)
     covered = (i < s) & (e.gather(-1, i.clamp(max=s - 1)) - bs <= cv)
     ckeep = ~covered & (cv < r.hi[None, :, None]) & (cv < r.N)
@@ -191,45 +195,90 @@ def build_index(heads, index, q_start: int, T: int, N: int, B: int, bs: int, dev
     first, last = q_start // bs, (q_start + T - 1) // bs
     qb = torch.arange(first, last + 1, device=dev)
     r = _Rows(qb, (qb * bs).clamp(min=q_start), ((qb + 1) * bs).clamp(max=q_start + T), bs, N, last + 1)
-    lists, init, local = [], [], []
-    for p, ix in zip(heads, index):
+    H, Q = len(heads), len(qb)
+    groups: dict = {}                      # heads of one pattern: their lists in one batched call (launches, not bytes)
+    for h, p in enumerate(heads):
+        groups.setdefault((p.kind, p.a, p.b), []).append(h)
+    stack = lambda hs, i=None: torch.stack([index[h] if i is None else index[h][i] for h in hs], 1).flatten(0, 1)
+    lists = []
+    for (kind, a, b), hs in groups.items():
         cols = None
-        if p.kind == "vertical_slash":
-            *blocks, cols, ccount = vertical_slash_lists(ix[0], ix[1], r)
-        elif p.kind == "a_shape":
-            blocks = a_shape_lists(p.a, p.b, r)
-        elif p.kind == "block_sparse":
-            blocks = block_sparse_lists(ix, p.a, r)
-        elif p.kind == "dense":
+        if kind == "vertical_slash":        # [B * n, ...] -> [B, n, ...], n heads per call: LIST_ENTRIES bounds memory
+            per = max(1, LIST_ENTRIES // max(1, B * Q * index[hs[0]][1].shape[-1]))
+            for i in range(0, len(hs), per):
+                part = hs[i:i + per]
+                out = vertical_slash_lists(stack(part, 0), stack(part, 1), r)
+                *blocks, cols, ccount = [t.unflatten(0, (B, len(part))) for t in out]
+                lists.append((part, blocks, (cols, ccount)))
+            continue
+        elif kind == "a_shape":             # [Q, ...]: every sequence and head of the group alike
+            blocks = a_shape_lists(a, b, r)
+        elif kind == "block_sparse":
+            blocks = [t.unflatten(0, (B, len(hs))) for t in block_sparse_lists(stack(hs), a, r)]
+        elif kind == "dense":
             blocks = dense_lists(r)
         else:
-            raise ValueError(f"no block/column lists for pattern kind {p.kind!r}")
-        lists.append((blocks, None if cols is None else (cols, ccount)))
-        init.append(min(p.a, WIDE) if p.kind == "a_shape" else 0)
-        local.append(min(p.b, WIDE) if p.kind == "a_shape" else WIDE)
-    H, Q = len(heads), len(qb)
-    cb = max(b[0].shape[-1] for b, _ in lists)
-    cc = max([1] + [c[0].shape[-1] for _, c in lists if c is not None])
+            raise ValueError(f"no block/column lists for pattern kind {kind!r}")
+        lists.append((hs, blocks, None if cols is None else (cols, ccount)))
+    init = [min(p.a, WIDE) if p.kind == "a_shape" else 0 for p in heads]
+    local = [min(p.b, WIDE) if p.kind == "a_shape" else WIDE for p in heads]
+    cb = max(b[0].shape[-1] for _, b, _ in lists)
+    cc = max([1] + [c[0].shape[-1] for _, _, c in lists if c is not None])
     z = lambda *s: torch.zeros(*s, dtype=torch.int32, device=dev)
     idx = SparseIndex(z(B, H, Q, cb), z(B, H, Q, cb), z(B, H, Q), z(B, H, Q), z(B, H, Q, cc), z(B, H, Q),
                       torch.tensor(init, dtype=torch.int32, device=dev), torch.tensor(local, dtype=torch.int32,
                                                                                         device=dev),
                       q_start, T, bs, first)
-    for h, ((bstart, bend, bcount, bfree), cols) in enumerate(lists):   # per-head shapes broadcast over the batch
-        idx.block_start[:, h, :, :bstart.shape[-1]] = bstart
-        idx.block_end[:, h, :, :bend.shape[-1]] = bend
-        idx.block_count[:, h] = bcount
-        idx.block_free[:, h] = bfree
+    for hs, blocks, cols in lists:   # an a_shape / dense group's [Q, ...] lists broadcast over batch and heads
+        h, n = torch.tensor(hs, device=dev), len(hs)
+        fit = lambda t, d, n=n: t if t.dim() == d else t.expand(B, n, *t.shape)
+        bstart, bend, bcount, bfree = blocks
+        idx.block_start[:, h, :, :bstart.shape[-1]] = fit(bstart, 4)
+        idx.block_end[:, h, :, :bend.shape[-1]] = fit(bend, 4)
+        idx.block_count[:, h] = fit(bcount, 3)
+        idx.block_free[:, h] = fit(bfree, 3)
         if cols is not None:
             idx.column_index[:, h, :, :cols[0].shape[-1]] = cols[0]
             idx.column_count[:, h] = cols[1]
     return idx
 
 
+def banded_index(q_start: int, T: int, N: int, B: int, bs: int, sink: int, window: int, dense_below: int,
+                 columns: torch.Tensor, column_count: torch.Tensor, dev) -> SparseIndex:
+    """BigBird's lists (methods/bigbird.py, picks drawn per query block): every query head reads the sinks
+    [0, sink) and its row's window of `window` keys (a_shape pieces, masked per row in the kernel), rows below
+    `dense_below` every causal key (the pieces of a block holding such a row cover [0, its last row]), and
+    the block's own random keys `columns` [Hq, Q, C] (the first column_count [Q] of each row live), seen
+    by the rows at or past dense_below only where the window rule hides them (they lie before the window)."""
+    assert T >= 1 and q_start + T <= N, (q_start, T, N)
+    first, last = q_start // bs, (q_start + T - 1) // bs
+    qb = torch.arange(first, last + 1, device=dev)
+    r = _Rows(qb, (qb * bs).clamp(min=q_start), ((qb + 1) * bs).clamp(max=q_start + T), bs, N, last + 1)
+    a = a_shape_lists(sink, window, r)
+    dense = r.lo < dense_below                                           # [Q] a block holding a dense row
+    if bool(dense.any()):
+        n_dense = int(-(-min(dense_below + bs, N) // bs))                # key blocks a dense block may reach
+        d = dense_lists(_Rows(r.qb, r.lo, r.hi, bs, N, min(r.blocks, n_dense)))
+        cap = max(a[0].shape[-1], d[0].shape[-1])
+        pad = lambda t: torch.nn.functional.pad(t, (0, cap - t.shape[-1]))
+        all_dense = (r.hi - 1 < dense_below)                             # every row dense: the free pieces stay free
+        a = (torch.where(dense[:, None], pad(d[0]), pad(a[0])), torch.where(dense[:, None], pad(d[1]), pad(a[1])),
+             torch.where(dense, d[2], a[2]), torch.where(dense, torch.where(all_dense, d[3], 0), a[3]))
+    H, Q = columns.shape[0], len(qb)
+    exp = lambda t: t.expand(B, H, *t.shape).contiguous()
+    return SparseIndex(exp(a[0]), exp(a[1]), exp(a[2]), exp(a[3]), columns.to(torch.int32).expand(B, -1, -1, -1)
+                       .contiguous(), column_count.to(torch.int32).expand(B, H, Q).contiguous(),
+                       torch.full((H,), min(sink, WIDE), dtype=torch.int32, device=dev),
+                       torch.full((H,), min(window, WIDE), dtype=torch.int32, device=dev),
+                       q_start, T, bs, first, dense_below, True)
+
+
 # ----------------------------------------------------------------------------- torch reference
 
 def index_mask(idx: SparseIndex, N: int) -> torch.Tensor:
-    """What the kernel attends: [B, H, T, N] bool, the lists expanded per query row, causal, windowed."""
+    """What the kernel attends: [B, H, T, N] bool, the lists expanded per query row, causal, windowed (pieces:
+    inside the window rule or a row below dense_below; columns: the same, or with columns_outside exactly
+    outside it and for the other rows)."""
     cb, dev = idx.block_start.shape[-1], idx.block_start.device
     keys = torch.arange(N, device=dev)
     slot = torch.arange(cb, device=dev)
@@ -239,13 +288,18 @@ def index_mask(idx: SparseIndex, N: int) -> torch.Tensor:
     cc = idx.column_index.shape[-1]
     clive = torch.arange(cc, device=dev) < idx.column_count[..., None]
     hit = torch.zeros(cover.shape, dtype=torch.int32, device=dev).scatter_add_(-1, idx.column_index.long(),
-                                                                               clive.to(torch.int32))
-    cover |= hit > 0
+                                                                               clive.to(torch.int32)) > 0
     rows = torch.arange(idx.q_start, idx.q_start + idx.q_len, device=dev)
-    m = cover[:, :, rows // idx.block - idx.first_block]                            # [B, H, T, N]
+    qrow = rows // idx.block - idx.first_block
     dist = rows[:, None] - keys[None, :]
-    window = (dist[None] < idx.local[:, None, None]) | (keys[None, None, :] < idx.init[:, None, None])
-    return m & (dist >= 0) & window[None]
+    window = ((dist[None] < idx.local[:, None, None]) | (keys[None, None, :] < idx.init[:, None, None]))[None]
+    dense = (rows < idx.dense_below)[None, None, :, None]
+    seen = window | dense
+    if idx.columns_outside:
+        m = (cover[:, :, qrow] & seen) | (hit[:, :, qrow] & ~seen)
+    else:
+        m = (cover | hit)[:, :, qrow] & seen
+    return m & (dist >= 0)
 
 
 def mixed_sparse_attention_ref(q, k, v, idx: SparseIndex, scale: float, count: bool = False):

@@ -60,9 +60,9 @@ def _free_tile(acc, m_i, l_i, q, k_base, v_base, cols, s_kn, s_vn, dd, qk_scale,
 
 
 @triton.jit
-def _tile(acc, m_i, l_i, pairs, q, k_base, v_base, cols, kmask, rows, rvalid, init, local, s_kn, s_vn,
+def _tile(acc, m_i, l_i, pairs, q, k_base, v_base, cols, kmask, rows, rvalid, init, local, dense_below, s_kn, s_vn,
           dd, qk_scale, D: tl.constexpr, BD: tl.constexpr, PREC: tl.constexpr, UPCAST: tl.constexpr,
-          OFF64: tl.constexpr, COUNT: tl.constexpr):
+          OFF64: tl.constexpr, COUNT: tl.constexpr, OUTSIDE: tl.constexpr):
     """One tile of keys `cols` [BN] (kmask: which exist) into the running softmax of the rows."""
     # int32 key offsets unless a head's keys span 2^31 elements (64-bit offset tensors cost registers:
     # the sm_90 build spilled with them)
@@ -75,7 +75,11 @@ def _tile(acc, m_i, l_i, pairs, q, k_base, v_base, cols, kmask, rows, rvalid, in
         v = v.to(tl.float32)
     s = tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale
     dist = rows[:, None] - cols[None, :]
-    vis = rvalid[:, None] & kmask[None, :] & (dist >= 0) & ((dist < local) | (cols[None, :] < init))
+    win = (dist < local) | (cols[None, :] < init)
+    if OUTSIDE:   # BigBird's columns: exactly the keys the window rule hides, for the rows not dense
+        vis = rvalid[:, None] & kmask[None, :] & (dist >= 0) & ~win & (rows[:, None] >= dense_below)
+    else:         # rows below dense_below see every listed key (BigBird's first `budget` rows)
+        vis = rvalid[:, None] & kmask[None, :] & (dist >= 0) & (win | (rows[:, None] < dense_below))
     s = tl.where(vis, s, float("-inf"))
     acc, m_i, l_i = _update(acc, m_i, l_i, s, v, PREC)
     if COUNT:
@@ -85,11 +89,11 @@ def _tile(acc, m_i, l_i, pairs, q, k_base, v_base, cols, kmask, rows, rvalid, in
 
 @triton.jit
 def _mixed_sparse_fwd(Q, K, V, Out, BStart, BEnd, BCount, BFree, CIdx, CCount, Init, Local, Pairs,
-                      q_start, T, qk_scale, FIRST, NQ, CB, CC,
+                      q_start, T, dense_below, qk_scale, FIRST, NQ, CB, CC,
                       s_qb, s_qh, s_qt, s_kb, s_kh, s_kn, s_vb, s_vh, s_vn, s_ob, s_ot, s_oh, HQ, G,
                       BS: tl.constexpr, BM: tl.constexpr, D: tl.constexpr, BD: tl.constexpr,
                       PREC: tl.constexpr, UPCAST: tl.constexpr, OFF64: tl.constexpr, COUNT: tl.constexpr,
-                      FAST: tl.constexpr, PAIR: tl.constexpr):
+                      FAST: tl.constexpr, PAIR: tl.constexpr, COL_OUTSIDE: tl.constexpr):
     i = tl.program_id(0)                      # query block FIRST + i (absolute positions // BS)
     bh = tl.program_id(1)
     b = (bh // HQ).to(tl.int64)
@@ -139,13 +143,15 @@ def _mixed_sparse_fwd(Q, K, V, Out, BStart, BEnd, BCount, BFree, CIdx, CCount, I
         end = tl.load(BEnd + lin * CB + j)
         cols = start + ar
         acc, m_i, l_i, pairs = _tile(acc, m_i, l_i, pairs, q, k_base, v_base, cols, cols < end, rows, rvalid,
-                                     init, local, s_kn, s_vn, dd, qk_scale, D, BD, PREC, UPCAST, OFF64, COUNT)
+                                     init, local, dense_below, s_kn, s_vn, dd, qk_scale, D, BD, PREC, UPCAST, OFF64,
+                                     COUNT, False)
     nc = tl.load(CCount + lin)
     for c0 in range(0, nc, BM):               # single columns, gathered BM at a time
         live = c0 + ar < nc
         cols = tl.load(CIdx + lin * CC + c0 + ar, mask=live, other=0)
         acc, m_i, l_i, pairs = _tile(acc, m_i, l_i, pairs, q, k_base, v_base, cols, live, rows, rvalid,
-                                     init, local, s_kn, s_vn, dd, qk_scale, D, BD, PREC, UPCAST, OFF64, COUNT)
+                                     init, local, dense_below, s_kn, s_vn, dd, qk_scale, D, BD, PREC, UPCAST, OFF64,
+                                     COUNT, COL_OUTSIDE)
     out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
     tl.store(Out + b * s_ob + t[:, None] * s_ot + h64 * s_oh + dd[None, :], out.to(Out.dtype.element_ty),
              mask=rvalid[:, None] & dmask[None, :])
@@ -173,11 +179,11 @@ def mixed_sparse_attention_triton(q, k, v, idx, scale: float, count: bool = Fals
     launch = {"num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"]} if q.is_cuda else {}
     kernel_for(_mixed_sparse_fwd, q)[(nq, B * Hq)](
         q, k, v, out, *lists, idx.init, idx.local, pairs,
-        idx.q_start, T, scale * LOG2E, idx.first_block, nq, idx.block_start.shape[-1], idx.column_index.shape[-1],
+        idx.q_start, T, idx.dense_below, scale * LOG2E, idx.first_block, nq, idx.block_start.shape[-1], idx.column_index.shape[-1],
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), out.stride(0), out.stride(1), out.stride(2), Hq, Hq // Hkv,
         BS=idx.block, BM=bm, D=D, BD=max(16, next_pow2(D)), PREC=prec, UPCAST=upcast,
         OFF64=max(k.stride(2), v.stride(2)) * k.shape[2] >= 2**31, COUNT=count, FAST=bm == idx.block,
-        PAIR=bool(cfg["pair"]) and bm == idx.block, **launch)
+        PAIR=bool(cfg["pair"]) and bm == idx.block, COL_OUTSIDE=idx.columns_outside, **launch)
     out = out.view(B, T, Hq * D)
     return (out, pairs) if count else out

@@ -26,10 +26,12 @@ is not the per-row max of Cascading's GQA port). Two references, both reachable 
              and no score is zeroed (its `score_mask[:, -0:] = 1` marks every slot).
 
 Prefill cost (issue 34): the rule needs every prompt token's column sum of post-softmax attention, which
-the fused prefill kernel does not expose; so a prefill is the dense attention (SDPA) plus
-`kernels.attention_mass`: one pass for the rows' log-sum-exp and one for the column sums, each a QK^T over
-the causal triangle without the PV product. Bound: at most 3 QK^T passes to full attention's one (measured
-3.2x full's prefill at 128K on an H200, issue 34). Not done: reusing the prefill kernel's LSE (one extra pass).
+a flash kernel never holds (a row's probabilities are known only once its log-sum-exp over every key is),
+so the prefill is two passes (`kernels.causal_attention_mass`, kernels/mass_prefill.py): full attention's
+own flash kernel, which also returns each row's log-sum-exp, then one pass that sums exp(s - lse) per key
+over the causal triangle, QK^T without the PV product. Bound: the attention part costs at most 2x full
+attention's (one more triangle of QK^T and exponentials); a prompt in several chunks adds a row-lse pass
+(at most 3x). Before: 3.2x full's whole prefill at 128K (H200, issue 34), both passes over the square.
 
 Two classes share the score (`H2O.score`: the group's pooled attention): `H2O`, the real eviction, is
 its rule over the eviction base (methods/parts/eviction.py); `H2OSimulated` is a mask over a full
@@ -48,6 +50,9 @@ from methods.config import ChunkedPrefill, option
 from methods.parts import selection
 from methods.parts.eviction import EvictionMethod
 from methods.parts.stores import FullStore
+
+EXTRA = ("column sums of the softmax: one QK^T pass over the causal triangle after the flash prefill (no PV); "
+         "attention <= 2x full's (3x with a chunked prompt: + a row log-sum-exp pass)")
 
 
 @dataclass(frozen=True)
@@ -101,12 +106,13 @@ class H2OConfig(ChunkedPrefill):
             return {"budget_unit": "tokens attended per KV head per step (heavy + recent, the incoming token in the "
                                    "recent window)", "budgets": sizes, "score": score,
                     "positions": "original", "eviction": "simulated (mask over a full store, utils_hh)",
-                    "prefill": "dense, budgets fixed by the prompt length"}
+                    "prefill": "dense, budgets fixed by the prompt length", "prefill_extra_work": EXTRA}
         return {"budget_unit": "tokens kept per KV head (heavy + recent), the incoming token on top",
                 "recent_effective": self.window, "heavy": self.budget - self.window, "score": score,
                 "positions": ("original (keys rotated once)" if self.positions == "original" else
                               "shifted (un-rotated keys re-rotated at their rank in the cache every step)"),
-                "eviction": "real (bounded store)", "prefill": "dense, then evicted to the budget"}
+                "eviction": "real (bounded store)", "prefill": "dense, then evicted to the budget",
+                "prefill_extra_work": EXTRA}
 
     @classmethod
     def variants(cls):
@@ -209,8 +215,7 @@ class H2OSimulated(H2OScore, Method):
             out = out.view(B, 1, -1)
         else:
             keys, values = S.view(layer, step.end)
-            out = kernels.prefill_attention(q, keys, values, self.info.scaling)
-            mass = kernels.attention_mass(q, keys, self.info.scaling)
+            out, mass = kernels.causal_attention_mass(q, keys, values, self.info.scaling)
             self.acc[layer, :, :, :step.end] = self.score(mass)
         self._next_keep(layer, step.positions[-1:] + 1)
         return out

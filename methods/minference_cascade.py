@@ -146,12 +146,11 @@ class MInferenceCascade(Cascade):
 
     def _chunk_index(self, q, k, heads) -> KM.SparseIndex:
         """The chunk's block/column index: each query head's pattern estimated over the chunk's own (rotated)
-        keys at chunk-local positions, one head at a time as MInference does (methods/minference.py
-        kernel_prefill); a subclass may replace the estimate (bench/minference_cascade.py's nearest index)."""
-        B, Hq, T, _ = q.shape
-        g = Hq // k.shape[1]
+        keys at chunk-local positions, as MInference does (methods/minference.py kernel_prefill: equal-pattern heads
+        batched); a subclass may replace the estimate (bench/minference_cascade.py's nearest index)."""
+        B, T = q.shape[0], q.shape[2]
         pos = torch.arange(T, device=q.device)
-        index = [P.head_index(p, q[:, h], k[:, h // g], pos, self._consts, self.info.scaling) for h, p in enumerate(heads)]
+        index = P.layer_index(heads, q, k, pos, self._consts, self.info.scaling)
         return KM.build_index(heads, self._adjust_index(heads, index, T), 0, T, T, B, self._consts.block, q.device)
 
     def _adjust_index(self, heads, index, T: int):

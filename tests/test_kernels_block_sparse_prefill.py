@@ -270,3 +270,53 @@ def test_kernel_llama3_shape_bf16(pattern, config):
     err = ((got.float() - want.float()).norm() / want.float().norm()).item()
     assert err < 1e-2, err
     assert int(pairs.sum()) == kept
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("q_start", [0, 1000])
+def test_banded_index_llama3_shape_bf16(q_start):
+    """BigBird's lists (banded_index: sinks + window pieces, dense rows, the blocks' random columns outside the
+    window) on the kernel against the masked reference at the Llama-3-8B shape."""
+    N, HQ, HKV, D, bs, sink, window, budget = 4096, 32, 8, 128, 64, 64, 480, 1024
+    q, k, v = qkv(1, HQ, HKV, N, q_start, D, seed=4, dtype=torch.bfloat16)
+    Q = N // bs - q_start // bs
+    g = torch.Generator(device=DEV).manual_seed(0)
+    cols = sink + torch.arange(480, device=DEV) * 7 + torch.randint(0, 7, (HQ, Q, 480), device=DEV, generator=g)
+    live = torch.full((Q,), 480, device=DEV)
+    idx = KM.banded_index(q_start, N - q_start, N, 1, bs, sink, window, budget, cols, live, q.device)
+    got = KM.mixed_sparse_attention(q, k, v, idx, SCALE)
+    want = KM.mixed_sparse_attention_ref(q, k, v, idx, SCALE)
+    err = ((got.float() - want.float()).norm() / want.float().norm()).item()
+    assert err < 1e-2, err
+
+
+def test_layer_index_batches_heads_to_the_same_index():
+    """minference_patterns.layer_index (equal-sized vertical-slash heads estimated as one batch, per_call at a
+    time) gives each head what head_index gives it alone; other kinds are estimated alone."""
+    c = consts(8)
+    heads = [VS, VS, AS, P.Pattern("vertical_slash", 3, 4), VS, BSP, VS, P.Pattern("vertical_slash", 3, 4)]
+    q, k, _ = qkv(2, 8, 2, 70, 10, 16, seed=11, device="cpu")
+    pos = torch.arange(10, 70)
+    got = P.layer_index(heads, q, k, pos, c, SCALE, per_call=3)
+    for h, p in enumerate(heads):
+        want = P.head_index(p, q[:, h], k[:, h // 4], pos, c, SCALE)
+        if want is None:
+            assert got[h] is None
+        elif isinstance(want, tuple):
+            assert all(torch.equal(a, b) for a, b in zip(got[h], want))
+        else:
+            assert torch.equal(got[h], want)
+
+
+def test_build_index_in_parts_equals_one_batch(monkeypatch):
+    """Equal-pattern vertical-slash heads are listed LIST_ENTRIES at a time: one head a call gives the same lists."""
+    c = consts(8)
+    heads = [VS, AS, VS, VS, P.Pattern("vertical_slash", 3, 4), DENSE, VS, BSP]
+    q, k, _ = qkv(2, 8, 4, 50, 7, 16, seed=12, device="cpu")
+    index, whole = lists(heads, q, k, 7, c)
+    monkeypatch.setattr(KM, "LIST_ENTRIES", 1)
+    parts = KM.build_index(heads, index, 7, q.shape[2], k.shape[2], 2, c.block, q.device)
+    for name in ("block_start", "block_end", "block_count", "block_free", "column_index", "column_count"):
+        assert torch.equal(getattr(whole, name), getattr(parts, name)), name
+    check_lists(heads, index, parts, 7, 50, c)

@@ -1,34 +1,41 @@
 """BigBird oracle: on random q, k, v every query (prefill and decode) attends exactly its set (the
 `sink` first tokens of its block, a window of the last ones, one token per equal stratum of the span
 between, per query head), brute-forced here in plain Python; random picks are checked for structure
-(inside their stratum, distinct, reproducible, seed-dependent), strided picks exactly."""
+(inside their stratum, distinct, reproducible, seed-dependent, shared by a query block's rows with
+draw=block), strided picks exactly. The draw=block prefill kernel (Triton's interpreter) equals the
+row-by-row path."""
 from __future__ import annotations
 
 import pytest
 import torch
 from test_methods_common import Driver, make, masked_attention, one_thread, rope_for  # noqa: F401
 from tiny_models import tiny
+from triton_env import needs_triton
 
 
-def _strata(r, sink, window, n_random):
-    m = r + 1 - window - sink
+def _strata(r, c):
+    sink, window, n_random = c.sink, c.window, c.n_random
+    a = r if c.draw == "query" else max(r // c.query_block * c.query_block, c.budget - 1)  # the block's anchor
+    m = a + 1 - window - sink
     return [(sink + j * m // n_random, sink + (j + 1) * m // n_random) for j in range(n_random)]
 
 
-@pytest.mark.parametrize("cfg", [{"budget": 12, "sink": 2, "random": 4, "pick": "strided"},
-                                 {"budget": 12, "sink": 2, "random": 4},
-                                 {"budget": 9, "sink": 0, "random": 3, "block": 16, "prefill_chunk": 8},
-                                 {"budget": 10, "sink": 3, "seed": 7}])
+@pytest.mark.parametrize("cfg", [{"budget": 12, "sink": 2, "random": 4, "pick": "strided", "query_block": 4},
+                                 {"budget": 12, "sink": 2, "random": 4, "query_block": 4},
+                                 {"budget": 12, "sink": 2, "random": 4, "draw": "query"},
+                                 {"budget": 9, "sink": 0, "random": 3, "block": 16, "prefill_chunk": 8, "query_block": 3},
+                                 {"budget": 9, "sink": 0, "random": 3, "block": 16, "prefill_chunk": 8, "draw": "query"},
+                                 {"budget": 10, "sink": 3, "seed": 7, "query_block": 5}])
 def test_each_query_attends_its_set(cfg):
     model = tiny("llama")
     rope = rope_for(model)
     method, info = make({"name": "bigbird", **cfg}, model)
     c = method.cfg
-    g, Hq = info.group, info.num_heads
+    Hq = info.num_heads
     block = c.block or 10**9
     T0, n_dec, chunk = 28, 10, cfg.get("prefill_chunk") or 28
     d = Driver(method, info, rope, max_len=T0 + n_dec)
-    picks = []
+    picks, blocks = [], {}
     for phase, T in [("prefill", min(chunk, T0 - s)) for s in range(0, T0, chunk)] + [("decode", 1)] * n_dec:
         qs, outs = d.step(T, phase)
         a0 = d.seen - T
@@ -46,7 +53,7 @@ def test_each_query_attends_its_set(cfg):
                         want = list(range(r + 1))
                         assert got == want
                     else:
-                        strata = _strata(r, c.sink, c.window, c.n_random)
+                        strata = _strata(r, c)
                         mid = got[c.sink:c.sink + c.n_random]
                         assert got[:c.sink] == list(range(c.sink)) and got[c.sink + c.n_random:] == list(
                             range(r + 1 - c.window, r + 1))
@@ -54,6 +61,8 @@ def test_each_query_attends_its_set(cfg):
                         if c.pick == "strided":
                             assert mid == [lo for lo, _ in strata]
                         picks.append((layer, p, h, tuple(mid)))
+                        if c.draw == "block":                   # one draw per (query block, layer, head)
+                            blocks.setdefault((layer, start, r // c.query_block, h), set()).add(tuple(mid))
                     mask[:, h, t, [start + x for x in got]] = True
             k_rot = torch.empty_like(d.k[layer])
             for s in range(0, d.seen, block):  # keys rotated at their in-block positions
@@ -76,3 +85,25 @@ def test_each_query_attends_its_set(cfg):
                   != m for ly, pp, hh, m in picks]
         assert any(differ)
         assert len({m for *_, m in picks}) > 1  # heads/positions draw differently
+    assert all(len(v) == 1 for v in blocks.values())
+
+
+@needs_triton
+@pytest.mark.parametrize("cfg", [{"budget": 12, "sink": 2, "random": 4, "query_block": 4},
+                                 {"budget": 13, "sink": 3, "random": 5, "query_block": 8, "prefill_chunk": 12},
+                                 {"budget": 9, "sink": 0, "random": 3, "block": 16, "prefill_chunk": 8, "query_block": 3},
+                                 {"budget": 10, "sink": 2, "random": 3, "pick": "strided", "query_block": 16}])
+def test_kernel_prefill_equals_row_by_row(cfg, monkeypatch):
+    """draw=block: the block-sparse kernel (Triton's interpreter) attends what the row-by-row path does."""
+    model = tiny("llama")
+    rope = rope_for(model)
+    outs = {}
+    for backend in ("torch", "triton"):
+        monkeypatch.setenv("HARNESS_KERNELS", backend)
+        method, info = make({"name": "bigbird", **cfg}, model)
+        d = Driver(method, info, rope, max_len=44)
+        chunk = cfg.get("prefill_chunk") or 40
+        outs[backend] = [d.step(min(chunk, 40 - s), "prefill")[1] for s in range(0, 40, chunk)]
+    for a, b in zip(outs["torch"], outs["triton"]):
+        for x, y in zip(a, b):
+            assert (x - y).abs().max().item() < 1e-4

@@ -89,15 +89,17 @@ class KeepRule(Method):
         return score if keep is None else torch.where(keep, float("inf"), score)
 
     def keep(self, layer: int, q: torch.Tensor, keys: torch.Tensor, pos: torch.Tensor, last: torch.Tensor,
-             q_pos: torch.Tensor, k_pos: torch.Tensor, carried: torch.Tensor | None = None):
+             q_pos: torch.Tensor, k_pos: torch.Tensor, carried: torch.Tensor | None = None,
+             mass: torch.Tensor | None = None):
         """(index [B, H, n] of the kept candidates in position order, their scores [B, H, N]): the scoring
         rows of q [B, Hq, T, D] attend the candidate keys [B, Hkv or H, N, D] (positions as
         `kernels.attention_mass` takes them, candidates in position order, at original positions `pos`
         [B, H, N]); the rule scores them (plus `carried`, the scores an accumulating rule kept); every
         protected candidate stays, then the highest scores, ties to the earlier token (`top_first`: the
         same choice alone or in a batch, on any device)."""
-        rows = self.rows(q.shape[2])
-        mass = kernels.attention_mass(q[:, :, rows], keys, self.info.scaling, q_pos=q_pos[rows], k_pos=k_pos)
+        if mass is None:   # else the caller computed the scoring rows' mass with the attention (H2O's prefill)
+            rows = self.rows(q.shape[2])
+            mass = kernels.attention_mass(q[:, :, rows], keys, self.info.scaling, q_pos=q_pos[rows], k_pos=k_pos)
         score = self.score(mass)
         if carried is not None:
             score = score + carried
@@ -179,11 +181,14 @@ class EvictionMethod(KeepRule):
         k_pos = torch.cat([torch.zeros(n_old, dtype=torch.long, device=q.device), q_pos])  # old: all visible
         # the kept tokens precede the chunk: [kept | chunk] is plain causal attention, SDPA's fused path
         # without the [T, n_old + T] mask that k_pos spells out (the mass below needs it: no fused path)
-        out = kernels.prefill_attention(q, rotated, values, self.info.scaling)
+        if self.rows(T) == slice(None):   # every row scores (H2O): flash's lse + one causal column pass (issue 34)
+            out, mass = kernels.causal_attention_mass(q, rotated, values, self.info.scaling)
+        else:
+            out, mass = kernels.prefill_attention(q, rotated, values, self.info.scaling), None
         carried = None
         if self.accumulate:
             carried = torch.cat([S.score[layer, :, :, :n_old], torch.zeros(B, Hkv, T, device=q.device)], 2)
-        index, score = self.keep(layer, q, rotated, pos, positions[-1:], q_pos, k_pos, carried)
+        index, score = self.keep(layer, q, rotated, pos, positions[-1:], q_pos, k_pos, carried, mass)
         n = index.shape[-1]
         S.keep(layer, index, keys, values, pos, score)
         self.free[layer] = n

@@ -235,6 +235,34 @@ def head_index(p: Pattern, q, k, q_pos, c: Consts, scale: float):
     return None
 
 
+def layer_index(heads, q, k, q_pos, c: Consts, scale: float, per_call: int = 8):
+    """head_index of every query head of a layer (q [B, Hq, T, D], k [B, Hkv, N, D]; query head h reads KV
+    head h // (Hq // Hkv)), vertical-slash heads of equal sizes estimated `per_call` at a time as one batch
+    (the rule is per row of the batch: the same index as one head at a time, in fewer launches; per_call
+    bounds the [heads, last_q, N] fp32 temporaries)."""
+    B, Hq = q.shape[:2]
+    g = Hq // k.shape[1]
+    index: list = [None] * Hq
+    groups: dict = {}
+    for h, p in enumerate(heads):
+        if p.kind == "vertical_slash":
+            groups.setdefault((p.a, p.b), []).append(h)
+        else:
+            index[h] = head_index(p, q[:, h], k[:, h // g], q_pos, c, scale)
+    w = min(c.last_q, q.shape[2])
+    for (a, b), hs in groups.items():
+        for i in range(0, len(hs), per_call):
+            part = hs[i:i + per_call]
+            n = len(part)
+            qs = q[:, part, -w:].flatten(0, 1)                                  # [B * n, w, D]
+            ks = k[:, [h // g for h in part]].flatten(0, 1)                     # [B * n, N, D]
+            cols, offs = vertical_slash_index(qs, ks, q_pos, a, b, c, scale)
+            cols, offs = cols.unflatten(0, (B, n)), offs.unflatten(0, (B, n))
+            for j, h in enumerate(part):
+                index[h] = (cols[:, j], offs[:, j])
+    return index
+
+
 def rows_mask(p: Pattern, index, rows: torch.Tensor, N: int, B: int, c: Consts) -> torch.Tensor:
     """The mask [B, len(rows), N] bool of query positions `rows` of one head (causal included)."""
     dev = rows.device
