@@ -2,7 +2,9 @@
 (context x batch) cell, decode ms/token, its floor (bench/floors.py) and the ratio, the speed-up over
 full attention measured in the same process, prefill seconds and peak GPU memory.
 
-    python -m bench.every_method --out results/bench/every_method_llama3_h100.json
+    python -m bench.every_method --cells 131072x1 --out results/bench/every_method_llama3_128k_h100.json
+
+(harness.tpot reads one file per cell: analysis/papers/harness.py FILES names each one's command.)
 
 No hand-written method list: the registry is iterated (`methods.REGISTRY`), each method with its YAML
 defaults and its budget option set to --budget (methods/parts/budget.py BUDGET_KNOB: budget, cache_size,
@@ -34,6 +36,7 @@ import time
 from pathlib import Path
 
 import torch
+import yaml
 from omegaconf import OmegaConf
 
 from bench import floors
@@ -99,6 +102,17 @@ def parse_cell(s: str) -> tuple[int, int]:
     return int(c), int(b or 1)
 
 
+def parse_variant(spec: str, registered) -> tuple[str, tuple[str, dict]]:
+    """'infllm:offload=false,topk=8' -> ('infllm:offload=false,topk=8', ('infllm', {'offload': False, 'topk': 8}))."""
+    name, _, opts = spec.partition(":")
+    if name not in registered:
+        raise ValueError(f"--variants {spec}: unknown method {name!r}")
+    pairs = [kv.partition("=") for kv in opts.split(",") if kv]
+    if not pairs or any(not k or not eq for k, eq, _ in pairs):
+        raise ValueError(f"--variants {spec}: expected NAME:KEY=VALUE[,KEY=VALUE]")
+    return spec, (name, {k: yaml.safe_load(v) for k, _, v in pairs})
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="llama3")
@@ -107,6 +121,9 @@ def main(argv=None):
                     help="CONTEXTxBATCH, run in this order")
     ap.add_argument("--budget", type=int, default=4096, help="tokens per head (methods/parts/budget.py BUDGET_KNOB)")
     ap.add_argument("--methods", nargs="+", default=None, help="a subset (default: every registered method)")
+    ap.add_argument("--variants", nargs="+", default=[], metavar="NAME:KEY=VALUE[,KEY=VALUE]",
+                    help="extra rows: a registered method with options over its YAML defaults, e.g. "
+                    "infllm:offload=false (the row's method is the whole spec)")
     ap.add_argument("--random-heads", default="random:0:24")
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--steps", type=int, default=12)
@@ -124,6 +141,12 @@ def main(argv=None):
             sys.exit(f"error: unknown method(s) {', '.join(unknown)}; registered: {', '.join(names)}")
         names = [n for n in names if n in args.methods]
     names = ["full"] + [n for n in names if n != "full"]
+    try:
+        variants = dict(parse_variant(v, REGISTRY.names()) for v in args.variants)
+    except ValueError as e:
+        sys.exit(f"error: {e}")
+    names += list(variants)
+    base = {**{n: n for n in names if n not in variants}, **{k: b for k, (b, _) in variants.items()}}
     cells = [parse_cell(c) for c in args.cells]
 
     model, info, device, dtype = load_bench_model(args.model, args.weights)
@@ -135,7 +158,8 @@ def main(argv=None):
     cfgs, broken, rows, warm_prefill = {}, {}, [], {}
     for name in names:                   # configs and a short untimed run (compilation, graph capture)
         try:
-            cfgs[name] = method_cfg(name, args.budget, args.model, args.random_heads, info)
+            cfg, note = method_cfg(base[name], args.budget, args.model, args.random_heads, info)
+            cfgs[name] = ({**cfg, **variants[name][1]} if name in variants else cfg), note
             warm_ids = torch.randint(0, info.vocab_size, (1, min(2048, cells[0][0])), generator=gen).to(device)
             warm_prefill[name] = run_cell(model, info, cfgs[name][0], warm_ids, 1, 1, timer, device)["prefill_s"]
         except Exception as e:  # noqa: BLE001 - every failure becomes a row, not a crash
@@ -173,8 +197,8 @@ def main(argv=None):
                 first_prefill.setdefault(name, row["prefill_s"])
                 if name == "full":
                     full_prefill[(C, B)] = row["prefill_s"]
-                tcfg = get(name).validate(dict(cfg), info)
-                fl = floors.floor(name, tcfg, info, C, B, wbytes, elt, attended=row.get("attended_mean"))
+                tcfg = get(base[name]).validate(dict(cfg), info)
+                fl = floors.floor(base[name], tcfg, info, C, B, wbytes, elt, attended=row.get("attended_mean"))
                 row.update(fl.as_dict(bandwidth))
                 row["over_floor"] = row["decode_ms"] / row["floor_ms"]
             rows.append(row)
