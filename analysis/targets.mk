@@ -390,9 +390,17 @@ results/bench/minference_layer_h100.json: | install
 results/bench/minference_cascade_layer_h100.json: | install
 	$(ANALYSIS) bench minference_cascade_layer_h100.json --force
 
-# python -m bench.every_method --model llama3 --weights random --cells 32768x1 131072x1 32768x8 --budget 4096 --warmup 3 --steps 12 --out $@
-results/bench/every_method_llama3_h100.json: | install
-	$(ANALYSIS) bench every_method_llama3_h100.json --force
+# python -m bench.every_method --model llama3 --weights random --cells 32768x1 --budget 4096 --warmup 3 --steps 12 --variants infllm:offload=false ltri:offload=false --out $@
+results/bench/every_method_llama3_32k_h100.json: | install
+	$(ANALYSIS) bench every_method_llama3_32k_h100.json --force
+
+# python -m bench.every_method --model llama3 --weights random --cells 131072x1 --budget 4096 --warmup 3 --steps 12 --variants infllm:offload=false ltri:offload=false --out $@
+results/bench/every_method_llama3_128k_h100.json: | install
+	$(ANALYSIS) bench every_method_llama3_128k_h100.json --force
+
+# python -m bench.every_method --model llama3 --weights random --cells 32768x8 --budget 4096 --warmup 3 --steps 12 --variants infllm:offload=false ltri:offload=false --out $@
+results/bench/every_method_llama3_32kx8_h100.json: | install
+	$(ANALYSIS) bench every_method_llama3_32kx8_h100.json --force
 
 # python -m bench.bounded --model llama31_8b --weights random --caches 4096 32768 --context 1048576 --steps 32 --methods h2o tova streaming_llm --out $@
 results/bench/bounded_llama31_8b_h100.json: | install
