@@ -29,13 +29,15 @@ else
 	$(PY) run.py $(ARGS)
 endif
 
-# The README's test command: everything but the `long` tests (under 10 minutes on 2 quiet cores).
+# The README's test command: everything but the `long` tests (under 10 minutes on 2 quiet cores), one
+# pytest-xdist worker per core, the longest tests handed out first by work stealing.
+XDIST       ?= -n auto --dist worksteal
 test: install
-	$(PY) -m pytest -q -m "not long" $(PYTEST_ARGS)
+	$(PY) -m pytest -q -m "not long" $(XDIST) $(PYTEST_ARGS)
 
 # Minutes each (golden token replay, 4K passkey on the embedded model); CI runs them after `make test`.
 test-long: install
-	$(PY) -m pytest -q -m long $(PYTEST_ARGS)
+	$(PY) -m pytest -q -m long $(XDIST) $(PYTEST_ARGS)
 
 test-fast: install
 	$(PY) -m pytest -q -m "not slow and not long" $(PYTEST_ARGS)

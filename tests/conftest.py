@@ -3,6 +3,7 @@ needs one fails when it is missing, it never skips."""
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -13,8 +14,31 @@ if not torch.cuda.is_available():
     # so the kernel tests can run their Triton path in the interpreter whatever the test order.
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # `make test` runs one pytest-xdist worker per core: one torch thread each, else the workers'
+    # intra-op threads oversubscribe the cores (2 workers x 2 threads on CI's 2 cores)
+    torch.set_num_threads(1)
+
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "data"
+
+
+# `make test` stays under 10 minutes on CI's 2 cores: these cases, each a subprocess of run.py or a
+# Triton kernel in the interpreter at its larger shapes, are marked `long` and run in `make test-long`
+# (CI runs both, .ci/run). The cheaper cases of each test stay in `make test`.
+HEAVY = tuple(re.compile(p) for p in (
+    r"test_kernels_tactic_select\.py::test_kernel_matches_reference\[(2|16)-blocks1",    # nt=None stays
+    r"test_kernels_topk\.py::test_chunked_topk_is_the_one_stage_set\[(True|False)-(?!300-)",  # S=300 stays
+    r"test_kernels_hybrid\.py::test_hybrid_decode_fused_scores\[64-(4|64)-",            # chunk 64, pool 1 stays
+    r"test_cli\.py::test_missing_hub_data_fails_fast_without_retry_noise\[args[2-9]",   # LongBench, RULER stay
+    r"test_cli\.py::test_bad_input_is_one_line_exit_2\[args([5-9]|1[0-9])-",          # the first five stay
+))
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if any(p.search(item.nodeid) for p in HEAVY):
+            item.add_marker(pytest.mark.long)
 
 
 @pytest.fixture(scope="session")

@@ -67,10 +67,15 @@ def _validate(values: dict) -> None:
             OmegaConf.update(cfg, k, old, merge=False)
 
 
-def test_every_cell_of_every_item_validates():
+SHARDS = 8      # the catalogue's items split in 8 (by position in key order): pytest-xdist spreads them
+
+
+@pytest.mark.parametrize("shard", range(SHARDS))
+def test_every_cell_of_every_item_validates(shard):
     known, failures, verdict, refused = set(REGISTRY.names()), [], {}, set()
-    for key, item in sorted(catalogue.items().items()):
-        impl = item.impl
+    keys = [k for i, k in enumerate(sorted(catalogue.items())) if i % SHARDS == shard]
+    for key in keys:
+        impl = catalogue.items()[key].impl
         if impl is None or not getattr(impl, "sweeps", None):
             continue
         for profile, sweeps in impl.sweeps.items():
@@ -93,9 +98,10 @@ def test_every_cell_of_every_item_validates():
                     refused.add(where)
                 else:
                     failures.append(f"{key} [{profile}] {' '.join(cell.overrides)}: {verdict[sig]}")
-    assert len(verdict) > 1000
+    assert len(verdict) > 50                                   # 94 to 400 cells a shard today: each holds some
     assert not failures, f"{len(failures)} cells refused, e.g.\n" + "\n".join(failures[:10])
-    assert refused == set(KNOWN), f"no longer refused, take off KNOWN: {sorted(set(KNOWN) - refused)}"
+    known_here = {w for w in KNOWN if w[0] in keys}
+    assert refused == known_here, f"no longer refused, take off KNOWN: {sorted(known_here - refused)}"
 
 
 def test_qwen2_positions_need_the_option():
