@@ -220,7 +220,24 @@ def _load_compact(path: Path) -> Run:
                _load=lambda: compact.read_rows(path))
 
 
+# Options added later whose default is NOT what runs recorded before them did: such a run ran with the
+# value here (BigBird drew its random tokens per query position until `draw`, default `block`, came in
+# 2026-11-28), so it fills only cells at that value, not the new default's.
+OLDER_RUNS: dict[tuple[str, str], Any] = {("bigbird", "method.draw"): "query"}
+
+
+def _older(config: dict, key: str) -> Any:
+    node = config.get("method")
+    name = node.get("name") if isinstance(node, dict) else None
+    return OLDER_RUNS.get((name, key), _MISSING)
+
+
 def lookup(config: dict, key: str) -> Any:
+    value = _lookup(config, key)
+    return _older(config, key) if value is _MISSING else value
+
+
+def _lookup(config: dict, key: str) -> Any:
     if key in GROUPS:                          # a group choice: compare with the group's `name`
         node = config.get(key)
         return node.get("name", _MISSING) if isinstance(node, dict) else _MISSING
@@ -252,9 +269,12 @@ def _at_default(config: dict, values: dict[str, Any], group: str) -> bool:
         return True
     for key, default in defaults.items():
         dotted = f"{group}.{key}"
-        if key == "name" or dotted in values or _ignored(dotted) or key not in node or \
-                any(k.startswith(dotted + ".") for k in values):
-            continue                # set by the cell (or part of it), not hashed, or older than the key
+        if key == "name" or dotted in values or _ignored(dotted) or any(k.startswith(dotted + ".") for k in values):
+            continue                # set by the cell (or part of it), or not hashed
+        if key not in node:         # older than the key: it ran as the default, unless OLDER_RUNS says not
+            if _older(config, dotted) is _MISSING or same(_older(config, dotted), default):
+                continue
+            return False
         if isinstance(default, str) and "${" in default:
             continue                # derived from other settings (LycheeDecode's head_model = model.name)
         if not same(node[key], default):

@@ -160,3 +160,18 @@ def test_attention_maps_render(tmp_path):
                                                "settings": {"cache": 16, "cascades": 4, "stride": 8, "grid": 4}}))
     assert main(["render", "cascade.fig10", "--bench", str(bench), "--out", str(out)]) == 0
     assert "100.0%" in (out / "tables" / "cascade.fig10.md").read_text()
+
+
+def test_runs_older_than_bigbird_draw_fill_only_per_query_cells():
+    """BigBird's `draw` came with a default (block) other than what earlier runs did (per query): a run
+    recorded before the key fills a cell at draw=query, never one at the new default (analysis.runs
+    OLDER_RUNS); a run that records the key is read as it says."""
+    from analysis.runs import matches
+
+    old = {"method": {"name": "bigbird", "budget": 512, "block": 512}}
+    new = {"method": {"name": "bigbird", "budget": 512, "block": 512, "draw": "block"}}
+    cell = {"method": "bigbird", "method.budget": 512, "method.block": 512}
+    assert matches(old, {**cell, "method.draw": "query"})
+    assert not matches(old, cell)                                   # the default cell is draw=block
+    assert not matches(old, {**cell, "method.draw": "block"})
+    assert matches(new, cell) and not matches(new, {**cell, "method.draw": "query"})

@@ -14,7 +14,6 @@ from __future__ import annotations
 import functools
 
 import pytest
-
 from omegaconf import OmegaConf
 
 import analysis.papers  # noqa: F401
@@ -22,7 +21,6 @@ from analysis import catalogue
 from analysis.runs import expand
 from common.errors import ConfigError
 from methods import REGISTRY
-
 
 # (item, profile, model) -> why its cells are refused (none today). Qwen2-7B's cascade cells pass its
 # 32768 positions, as the reference ran them: they set model.max_position (analysis/papers/cascade_render.py);
@@ -89,7 +87,7 @@ def test_every_cell_of_every_item_validates(shard):
                         verdict[sig] = None
                     except ConfigError as e:
                         verdict[sig] = None if "head file for model" in str(e) else f"ConfigError: {e}"
-                    except Exception as e:                     # omegaconf's key errors and the like
+                    except Exception as e:  # noqa: BLE001 - omegaconf's key errors and the like
                         verdict[sig] = f"{type(e).__name__}: {e}"
                 if verdict[sig] is None:
                     continue
