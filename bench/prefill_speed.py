@@ -24,6 +24,7 @@ import torch
 import kernels
 from bench.engine import load_bench_model, provenance
 from bench.method_speed import method_cfg
+from bench.timing import Timer
 from kernels import block_sparse_prefill as KM
 from kernels import mass_prefill as MP
 from methods import build
@@ -34,15 +35,8 @@ from runners.results import environment
 
 def timed(fn, repeat=2):
     """Seconds of fn (CUDA events): the least of `repeat` calls (the first may compile Triton kernels)."""
-    out = []
-    for _ in range(repeat):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        out.append(a.elapsed_time(b) / 1e3)
-    return min(out)
+    timer = Timer(torch.device("cuda"))
+    return min(timer(fn) for _ in range(repeat))
 
 
 def prefill_row(model, info, ids, spec, warm):
