@@ -3,17 +3,9 @@ its default, its documentation and its constraints (`option(...)`).
 
 From that one statement come validation of the composed Hydra config (`Options.parse`: types, ranges,
 choices, unknown keys, one ConfigError line each), the documented YAML a user reads and overrides
-(`Options.yaml`, written by `python -m tasks`), and the defaults. A layer subclasses `Options`
-(tasks/config.py `TaskConfig`) and names its config group in `group`, the prefix of every message
-("task.seed must be ...").
-
-This is methods/config.py's mechanism, lifted to common/ so tasks (which may not import methods) share
-it, and generalised on the way (list and dict defaults copied per instance, union types, per-item ranges,
-a capped YAML key width). methods/config.py still holds its own copy: the latency benchmarks declare it
-as code they measure (analysis/bench_run.py, analysis/papers/tidal_latency.py), and switching it here
-changes its definitions, not only where they live (analysis/renames.py `moved_out` tells a pure move of
-definitions behind an import from an edit, and this is an edit), so it waits for those files' re-run
-(branch kit2-config-dedupe: MethodConfig(Options), group "method", a 100-line deletion there).
+(`Options.yaml`, written by `python -m methods` / `python -m tasks`), and the defaults. Each layer
+subclasses `Options` (methods/config.py `MethodConfig`, tasks/config.py `TaskConfig`) and names its
+config group in `group`, the prefix of every message ("method.k must be ...", "task.seed must be ...").
 """
 from __future__ import annotations
 

@@ -16,43 +16,30 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import sys
-import textwrap
-import types
-import typing
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from common.errors import ConfigError
+from common.options import Options, option
 
-YAML_WIDTH = 110
+__all__ = ["CONF_DIR", "ChunkedPrefill", "MethodConfig", "generated", "layer_range", "option"]
+
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf" / "method"
 
 
-def option(default: Any, doc: str, *, min: float | None = None, max: float | None = None,
-           choices: tuple | None = None) -> Any:
-    """A config field: default, one-line documentation, optional range and choices."""
-    return field(default=default, metadata={"doc": doc, "min": min, "max": max, "choices": choices})
-
-
 @dataclass(frozen=True)
-class MethodConfig:
+class MethodConfig(Options):
     """Base of every method's options (it has none itself)."""
+
+    group: ClassVar[str] = "method"
 
     # --- parsing and validation -------------------------------------------------------------------
     @classmethod
-    def parse(cls, cfg: Any, info=None) -> "MethodConfig":
+    def parse(cls, cfg: Any, info=None) -> MethodConfig:
         """A typed config from a Hydra/OmegaConf node or a dict (`name` ignored); with `info` (a
         ModelInfo) the model-dependent checks run too."""
-        raw = _plain(cfg)
-        name = raw.pop("name", "?")
-        known = {f.name: f for f in dataclasses.fields(cls)}
-        unknown = sorted(set(raw) - set(known))
-        if unknown:
-            raise ConfigError(f"method.{unknown[0]} is not an option of {name}; options: {', '.join(known)}")
-        hints = typing.get_type_hints(cls)
-        values = {k: _coerce(k, v, hints[k], known[k].metadata) for k, v in raw.items()}
-        obj = cls(**values)
+        obj = cls.parse_values(cfg)
         if info is not None:
             obj.check(info)
         return obj
@@ -92,26 +79,8 @@ class MethodConfig:
 
     # --- the generated YAML ----------------------------------------------------------------------
     @classmethod
-    def defaults(cls) -> dict:
-        return dataclasses.asdict(cls())
-
-    @classmethod
-    def yaml(cls, name: str, source: str) -> str:
-        """conf/method/<name>.yaml: the class docstring as the header, every option with its doc."""
-        doc = inspect.cleandoc(cls.__doc__ or "")
-        lines = [f"# {ln}".rstrip() for ln in doc.splitlines()]
-        lines.append(f"# Generated from {source} by `python -m methods`: edit the dataclass, not this file.")
-        rows = [("name", name, "")] + [(f.name, _yaml_value(getattr(cls(), f.name)), f.metadata.get("doc", ""))
-                                       for f in _ordered_fields(cls)]
-        width = max(len(f"{k}: {v}") for k, v, _ in rows) + 2
-        for k, v, d in rows:
-            text = f"{k}: {v}"
-            if d and width + len(d) + 2 > YAML_WIDTH:  # a long doc goes above its key, wrapped
-                lines += ["# " + ln for ln in textwrap.wrap(d, YAML_WIDTH - 2)] + [text]
-            else:
-                lines.append(f"{text:<{width}}# {d}" if d else text)
-        return "\n".join(lines) + "\n"
-
+    def fields_in_order(cls) -> list:
+        return _ordered_fields(cls)
 
 
 @dataclass(frozen=True)
@@ -125,73 +94,9 @@ def _ordered_fields(cls) -> list:
     """The class's own options first, inherited ones (mixins) after: the YAML reads top-down."""
     depth = {}
     for d, klass in enumerate(cls.__mro__):
-        for name in klass.__dict__.get("__annotations__", {}):
+        for name in inspect.get_annotations(klass):
             depth.setdefault(name, d)
     return sorted(dataclasses.fields(cls), key=lambda f: depth.get(f.name, 0))
-
-
-def _plain(cfg: Any) -> dict:
-    try:
-        from omegaconf import OmegaConf
-
-        if OmegaConf.is_config(cfg):
-            return OmegaConf.to_container(cfg, resolve=True)
-    except ImportError:  # pragma: no cover
-        pass
-    return dict(cfg)
-
-
-def _allowed(tp) -> tuple[list, bool]:
-    """(the non-None types of an annotation, whether None is allowed)."""
-    args = typing.get_args(tp) if typing.get_origin(tp) in (typing.Union, types.UnionType) else (tp,)
-    return [a for a in args if a is not type(None)], type(None) in args
-
-
-def _coerce(key: str, value: Any, tp, meta: dict) -> Any:
-    kinds, nullable = _allowed(tp)
-    if value is None:
-        if nullable:
-            return None
-        raise ConfigError(f"method.{key} must be set (null is not allowed)")
-    kind = kinds[0]
-    origin = typing.get_origin(kind)
-    if kind is bool:
-        if not isinstance(value, bool):
-            raise ConfigError(f"method.{key} must be true or false, got {value!r}")
-    elif kind is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(f"method.{key} must be an integer{' or null' if nullable else ''}, got {value!r}")
-    elif kind is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(f"method.{key} must be a number{' or null' if nullable else ''}, got {value!r}")
-        value = float(value)
-    elif kind is str:
-        if not isinstance(value, str):
-            raise ConfigError(f"method.{key} must be a string, got {value!r}")
-    elif origin in (list, tuple):
-        if not isinstance(value, (list, tuple)):
-            raise ConfigError(f"method.{key} must be a list, got {value!r}")
-        (item,) = typing.get_args(kind)[:1] or (Any,)
-        value = tuple(_coerce(f"{key}[{i}]", v, item, {}) for i, v in enumerate(value))
-    choices = meta.get("choices")
-    if choices is not None and value not in choices:
-        raise ConfigError(f"method.{key} must be one of {', '.join(map(str, choices))}, got {value!r}")
-    lo, hi = meta.get("min"), meta.get("max")
-    if lo is not None and value < lo:
-        raise ConfigError(f"method.{key} must be >= {lo}, got {value!r}")
-    if hi is not None and value > hi:
-        raise ConfigError(f"method.{key} must be <= {hi}, got {value!r}")
-    return value
-
-
-def _yaml_value(v: Any) -> str:
-    if v is None:
-        return "null"
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, (list, tuple)):
-        return "[" + ", ".join(_yaml_value(x) for x in v) + "]"
-    return str(v)
 
 
 def layer_range(key: str, value: int | None, info, low: int = 0) -> None:
@@ -205,4 +110,4 @@ def generated(cls) -> tuple[Path, str]:
     """(the YAML path, its generated text) of a registered method class."""
     module = sys.modules[cls.__module__]
     source = Path(module.__file__).relative_to(CONF_DIR.parents[1]).as_posix()
-    return CONF_DIR / f"{cls.name}.yaml", cls.Config.yaml(cls.name, source)
+    return CONF_DIR / f"{cls.name}.yaml", cls.Config.yaml(cls.name, source, "python -m methods")
