@@ -14,43 +14,20 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
-import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import torch
 from omegaconf import OmegaConf
 
+from bench.timing import Clock  # re-exported: the benchmarks import it from here
 from methods import ModelInfo, build
 from runners import models
 from runners.engine import Engine
 from runners.results import environment, git_commit
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
-
-
-class Clock:
-    def __init__(self, device):
-        self.cuda = device.type == "cuda"
-
-    def __call__(self, fn, repeat: int = 1) -> float:
-        """Median seconds of `fn()` over `repeat` runs (CUDA events on GPU)."""
-        times = []
-        for _ in range(repeat):
-            if self.cuda:
-                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                a.record()
-                fn()
-                b.record()
-                b.synchronize()
-                times.append(a.elapsed_time(b) / 1000)
-            else:
-                t = time.perf_counter()
-                fn()
-                times.append(time.perf_counter() - t)
-        return statistics.median(times)
 
 
 def copy_bandwidth(device, clock, nbytes: int = 1 << 28, repeat: int = 5) -> float:
@@ -144,7 +121,7 @@ def release(eng) -> None:
 def bench_hf(model, ids, steps, clock, repeat):
     from transformers import StaticCache
 
-    B, L = ids.shape
+    _, L = ids.shape
     dev = ids.device
     state = {}
 

@@ -40,8 +40,8 @@ import yaml
 from omegaconf import OmegaConf
 
 from bench import floors
-from bench.engine import Clock, copy_bandwidth, load_bench_model, provenance
-from bench.timing import Timer, error_text, release
+from bench.engine import copy_bandwidth, load_bench_model, provenance
+from bench.timing import Clock, error_text, release
 from common.errors import ConfigError
 from methods import REGISTRY, build, get
 from runners.engine import Engine
@@ -68,7 +68,7 @@ def method_cfg(name: str, budget: int, model: str, random_heads: str, info) -> t
     return cfg, note
 
 
-def run_cell(model, info, cfg: dict, ids, warmup: int, steps: int, timer: Timer, device) -> dict:
+def run_cell(model, info, cfg: dict, ids, warmup: int, steps: int, timer: Clock, device) -> dict:
     """One engine at one (context, batch): prefill s, median decode ms, peak GiB, stats."""
     B, C = ids.shape
     if device.type == "cuda":
@@ -153,7 +153,7 @@ def main(argv=None):
     elt = torch.finfo(dtype).bits // 8
     wbytes = floors.weight_bytes(model, elt)
     bandwidth = copy_bandwidth(device, Clock(device)) if device.type == "cuda" else floors.H100_BANDWIDTH
-    timer = Timer(device)
+    timer = Clock(device)
     gen = torch.Generator().manual_seed(0)
     cfgs, broken, rows, warm_prefill = {}, {}, [], {}
     for name in names:                   # configs and a short untimed run (compilation, graph capture)

@@ -22,7 +22,7 @@ import torch
 from omegaconf import OmegaConf
 
 from bench.engine import CONF, load_bench_model, provenance
-from bench.timing import Timer, error_text, release
+from bench.timing import Clock, error_text, release
 from methods import build
 from runners.engine import Engine
 from runners.results import environment
@@ -44,7 +44,7 @@ def run_one(model, info, ids, spec, warmup, steps, graphs=True):
     torch.cuda.reset_peak_memory_stats()
     row = {"method": spec}
     eng = None
-    timer = Timer(ids.device)
+    timer = Clock(ids.device)
     try:
         eng = Engine(model, build(method_cfg(spec), info), use_graphs=graphs)
         B, L = ids.shape

@@ -1,31 +1,35 @@
-"""What the method benchmarks share (bench/every_method.py, bench/method_speed.py): timing one call
-(CUDA events on a GPU, perf_counter elsewhere), the one-line text a failed configuration's row records,
-and freeing what the last configuration left before the next one is measured."""
+"""What the benchmarks share: timing a call (Clock: CUDA events on a GPU, perf_counter elsewhere;
+bench/engine.py re-exports it), the one-line text a failed configuration's row records, and freeing
+what the last configuration left before the next one is measured."""
 from __future__ import annotations
 
 import gc
+import statistics
 import time
 
 import torch
 
 
-class Timer:
-    """Seconds of one call: CUDA events on a GPU, perf_counter elsewhere."""
-
+class Clock:
     def __init__(self, device):
         self.cuda = device.type == "cuda"
 
-    def __call__(self, fn) -> float:
-        if self.cuda:
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            fn()
-            b.record()
-            b.synchronize()
-            return a.elapsed_time(b) / 1000
-        t = time.perf_counter()
-        fn()
-        return time.perf_counter() - t
+    def __call__(self, fn, repeat: int = 1) -> float:
+        """Median seconds of `fn()` over `repeat` runs (CUDA events on GPU)."""
+        times = []
+        for _ in range(repeat):
+            if self.cuda:
+                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                a.record()
+                fn()
+                b.record()
+                b.synchronize()
+                times.append(a.elapsed_time(b) / 1000)
+            else:
+                t = time.perf_counter()
+                fn()
+                times.append(time.perf_counter() - t)
+        return statistics.median(times)
 
 
 def error_text(e: BaseException) -> str:

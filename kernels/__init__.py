@@ -7,21 +7,50 @@ the GPU. Decode conventions (kernels/attention.py): q [B, Hq, D], k/v [B, Hkv, S
 int32 [B]; multi-token conventions (kernels/prefill.py): q [B, Hq, T, D], k/v [B, Hkv, L, D].
 """
 from ._common import HAVE_TRITON, backend_for, interpreter_active
-from .attention import (decode_attention, decode_attention_mass, decode_attention_ref, selection_attention,
-                        selection_attention_ref, sparse_decode_pages, sparse_decode_pages_ref,
-                        sparse_decode_tokens, sparse_decode_tokens_ref, topk_positions)
+from .attention import (
+    decode_attention,
+    decode_attention_mass,
+    decode_attention_ref,
+    selection_attention,
+    selection_attention_ref,
+    sparse_decode_pages,
+    sparse_decode_pages_ref,
+    sparse_decode_tokens,
+    sparse_decode_tokens_ref,
+    topk_positions,
+)
 from .mass_prefill import causal_attention_mass, causal_attention_mass_ref
 from .prefill import attention_mass, attention_mass_ref, prefill_attention
-from .quest_pages import (quest_page_scores, quest_page_scores_ref, quest_topk_pages, quest_update_pages,
-                    quest_update_pages_ref)
+from .quest_pages import (
+    quest_page_scores,
+    quest_page_scores_ref,
+    quest_topk_pages,
+    quest_update_pages,
+    quest_update_pages_ref,
+)
 
 __all__ = [
-    "HAVE_TRITON", "backend_for", "interpreter_active",
-    "decode_attention", "decode_attention_ref", "decode_attention_mass",
-    "prefill_attention", "attention_mass", "attention_mass_ref", "causal_attention_mass",
-    "causal_attention_mass_ref", "selection_attention", "selection_attention_ref",
-    "sparse_decode_tokens", "sparse_decode_tokens_ref", "sparse_decode_pages",
-    "sparse_decode_pages_ref", "topk_positions",
-    "quest_update_pages", "quest_update_pages_ref", "quest_page_scores", "quest_page_scores_ref",
+    "HAVE_TRITON",
+    "attention_mass",
+    "attention_mass_ref",
+    "backend_for",
+    "causal_attention_mass",
+    "causal_attention_mass_ref",
+    "decode_attention",
+    "decode_attention_mass",
+    "decode_attention_ref",
+    "interpreter_active",
+    "prefill_attention",
+    "quest_page_scores",
+    "quest_page_scores_ref",
     "quest_topk_pages",
+    "quest_update_pages",
+    "quest_update_pages_ref",
+    "selection_attention",
+    "selection_attention_ref",
+    "sparse_decode_pages",
+    "sparse_decode_pages_ref",
+    "sparse_decode_tokens",
+    "sparse_decode_tokens_ref",
+    "topk_positions",
 ]

@@ -37,25 +37,32 @@ class DecodeGraph:
         self.graph.replay()
         return self.logits.clone()  # the static buffer is overwritten by the next replay
 
+    @staticmethod
+    def warm_up(eng, run) -> None:
+        """`run()` the step for real before a capture (library handles, Triton compilation): harmless
+        for a method whose step is idempotent at a position, otherwise its declared buffers are saved
+        first and restored after (scores would double, tokens be evicted)."""
+        saved = {} if eng.method.decode_idempotent else {
+            name: t.clone() for name, t in eng.method.buffers().items() if t is not None}
+        run()
+        for name, t in eng.method.buffers().items():
+            if name in saved:
+                t.copy_(saved[name])
+
     def _capture(self, eng, token: torch.Tensor, key) -> None:
         self.graph = None  # free the previous graph's pool first
         self.tok = token.view(-1).clone()
         self.pos = torch.full((1,), eng.seq_len, dtype=torch.long, device=eng.device)
-        # Warm-up on a side stream (library handles, Triton compilation) runs the step for real:
-        # harmless for a method whose step is idempotent at a position, otherwise its declared
-        # buffers are saved first and restored after (scores would double, tokens be evicted).
-        saved = {} if eng.method.decode_idempotent else {
-            name: t.clone() for name, t in eng.method.buffers().items() if t is not None}
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(2):
-                eng.decode_logits(self.tok, self.pos, graphed=True)
-        torch.cuda.current_stream().wait_stream(side)
-        for name, t in eng.method.buffers().items():
-            if name in saved:
-                t.copy_(saved[name])
-        del saved
+
+        def warm():  # on a side stream: the capture stream must not hold the warm-up's work
+            with torch.cuda.stream(side):
+                for _ in range(2):
+                    eng.decode_logits(self.tok, self.pos, graphed=True)
+            torch.cuda.current_stream().wait_stream(side)
+
+        self.warm_up(eng, warm)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             self.logits = eng.decode_logits(self.tok, self.pos, graphed=True)

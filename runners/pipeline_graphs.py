@@ -43,16 +43,13 @@ class PipelineGraphs(DecodeGraph):
         self.stages, self.graph = [], None  # free the previous graphs' pools first
         self.tok = token.view(-1).clone()
         self.pos = torch.full((1,), eng.seq_len, dtype=torch.long, device=eng.device)
-        saved = {} if eng.method.decode_idempotent else {
-            name: t.clone() for name, t in eng.method.buffers().items() if t is not None}
-        for _ in range(2):   # warm-up, eager (Triton compilation, library handles), on every GPU
-            eng.decode_logits(self.tok, self.pos, graphed=True)
-        for i in range(torch.cuda.device_count()):
-            torch.cuda.synchronize(i)
-        for name, t in eng.method.buffers().items():
-            if name in saved:
-                t.copy_(saved[name])
-        del saved
+        def warm():   # eager (Triton compilation, library handles), on every GPU
+            for _ in range(2):
+                eng.decode_logits(self.tok, self.pos, graphed=True)
+            for i in range(torch.cuda.device_count()):
+                torch.cuda.synchronize(i)
+
+        self.warm_up(eng, warm)
         ids = self.tok.view(-1, 1)
         p.goto(0)
         log, first = [], p.segments[0].device
