@@ -43,13 +43,13 @@ HARNESS_FILES = [
               "32768 131072 --steps 32 --repeat 2", ENGINE_CODE),
     # issue 35: decode of a model split over the GPUs of one host beside the pipeline floor
     *[BenchFile(name, f"python -m bench.multigpu {args}", MULTIGPU_CODE) for name, args in (
-        ("multigpu_llama3_70b_h200x4.json", ("--model llama3_70b --contexts 32768 102400 --methods full tidal quest "
+        ("multigpu_llama3_70b_h100x4.json", ("--model llama3_70b --contexts 32768 102400 --methods full tidal quest "
                                             "--budget 512 --devices 4")),
-        ("multigpu_llama3_1m_h200x2.json", "--model llama3 --contexts 524288 1048576 --methods full --devices 2"),
-        ("multigpu_llama3_1m_h200x4.json", "--model llama3 --contexts 524288 1048576 --methods full --devices 4"),
-        ("multigpu_llama3_256k_h200x1.json", ("--model llama3 --contexts 262144 --methods full tidal quest --budget 512 "
+        ("multigpu_llama3_1m_h100x2.json", "--model llama3 --contexts 524288 1048576 --methods full --devices 2"),
+        ("multigpu_llama3_1m_h100x4.json", "--model llama3 --contexts 524288 1048576 --methods full --devices 4"),
+        ("multigpu_llama3_256k_h100x1.json", ("--model llama3 --contexts 262144 --methods full tidal quest --budget 512 "
                                              "--devices 1")),
-        ("multigpu_llama3_256k_h200x2.json", ("--model llama3 --contexts 262144 --methods full tidal quest --budget 512 "
+        ("multigpu_llama3_256k_h100x2.json", ("--model llama3 --contexts 262144 --methods full tidal quest --budget 512 "
                                              "--devices 2")))],
     BenchFile("engine_smollm2_cpu.json", "python -m bench.engine --lengths 4096 --steps 16 --repeat 1", ENGINE_CODE,
               gpu=False),

@@ -419,24 +419,24 @@ results/bench/engine_llama3_h100.json: | install
 	$(ANALYSIS) bench engine_llama3_h100.json --force
 
 # python -m bench.multigpu --model llama3_70b --contexts 32768 102400 --methods full tidal quest --budget 512 --devices 4 --out $@
-results/bench/multigpu_llama3_70b_h200x4.json: | install
-	$(ANALYSIS) bench multigpu_llama3_70b_h200x4.json --force
+results/bench/multigpu_llama3_70b_h100x4.json: | install
+	$(ANALYSIS) bench multigpu_llama3_70b_h100x4.json --force
 
 # python -m bench.multigpu --model llama3 --contexts 524288 1048576 --methods full --devices 2 --out $@
-results/bench/multigpu_llama3_1m_h200x2.json: | install
-	$(ANALYSIS) bench multigpu_llama3_1m_h200x2.json --force
+results/bench/multigpu_llama3_1m_h100x2.json: | install
+	$(ANALYSIS) bench multigpu_llama3_1m_h100x2.json --force
 
 # python -m bench.multigpu --model llama3 --contexts 524288 1048576 --methods full --devices 4 --out $@
-results/bench/multigpu_llama3_1m_h200x4.json: | install
-	$(ANALYSIS) bench multigpu_llama3_1m_h200x4.json --force
+results/bench/multigpu_llama3_1m_h100x4.json: | install
+	$(ANALYSIS) bench multigpu_llama3_1m_h100x4.json --force
 
 # python -m bench.multigpu --model llama3 --contexts 262144 --methods full tidal quest --budget 512 --devices 1 --out $@
-results/bench/multigpu_llama3_256k_h200x1.json: | install
-	$(ANALYSIS) bench multigpu_llama3_256k_h200x1.json --force
+results/bench/multigpu_llama3_256k_h100x1.json: | install
+	$(ANALYSIS) bench multigpu_llama3_256k_h100x1.json --force
 
 # python -m bench.multigpu --model llama3 --contexts 262144 --methods full tidal quest --budget 512 --devices 2 --out $@
-results/bench/multigpu_llama3_256k_h200x2.json: | install
-	$(ANALYSIS) bench multigpu_llama3_256k_h200x2.json --force
+results/bench/multigpu_llama3_256k_h100x2.json: | install
+	$(ANALYSIS) bench multigpu_llama3_256k_h100x2.json --force
 
 # python -m bench.engine --lengths 4096 --steps 16 --repeat 1 --out $@
 results/bench/engine_smollm2_cpu.json: | install
