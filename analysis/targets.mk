@@ -394,9 +394,13 @@ results/bench/minference_cascade_layer_h100.json: | install
 results/bench/every_method_llama3_32k_h100.json: | install
 	$(ANALYSIS) bench every_method_llama3_32k_h100.json --force
 
-# python -m bench.every_method --model llama3 --weights random --cells 131072x1 --budget 4096 --warmup 3 --steps 12 --variants infllm:offload=false ltri:offload=false --out $@
-results/bench/every_method_llama3_128k_h100.json: | install
-	$(ANALYSIS) bench every_method_llama3_128k_h100.json --force
+# python -m bench.every_method --model llama3 --weights random --cells 131072x1 --budget 4096 --warmup 3 --steps 12 --variants infllm:offload=false ltri:offload=false --shard 1/2 --out $@
+results/bench/every_method_llama3_128k_s1of2_h100.json: | install
+	$(ANALYSIS) bench every_method_llama3_128k_s1of2_h100.json --force
+
+# python -m bench.every_method --model llama3 --weights random --cells 131072x1 --budget 4096 --warmup 3 --steps 12 --variants infllm:offload=false ltri:offload=false --shard 2/2 --out $@
+results/bench/every_method_llama3_128k_s2of2_h100.json: | install
+	$(ANALYSIS) bench every_method_llama3_128k_s2of2_h100.json --force
 
 # python -m bench.every_method --model llama3 --weights random --cells 32768x8 --budget 4096 --warmup 3 --steps 12 --variants infllm:offload=false ltri:offload=false --out $@
 results/bench/every_method_llama3_32kx8_h100.json: | install

@@ -2,9 +2,9 @@
 (context x batch) cell, decode ms/token, its floor (bench/floors.py) and the ratio, the speed-up over
 full attention measured in the same process, prefill seconds and peak GPU memory.
 
-    python -m bench.every_method --cells 131072x1 --out results/bench/every_method_llama3_128k_h100.json
+    python -m bench.every_method --cells 131072x1 --shard 1/2 --out results/bench/every_method_llama3_128k_s1of2_h100.json
 
-(harness.tpot reads one file per cell: analysis/papers/harness.py FILES names each one's command.)
+(harness.tpot reads one file per cell, two for 128K: analysis/papers/harness.py FILES names each one's command.)
 
 No hand-written method list: the registry is iterated (`methods.REGISTRY`), each method with its YAML
 defaults and its budget option set to --budget (methods/parts/budget.py BUDGET_KNOB: budget, cache_size,
@@ -124,6 +124,10 @@ def main(argv=None):
     ap.add_argument("--variants", nargs="+", default=[], metavar="NAME:KEY=VALUE[,KEY=VALUE]",
                     help="extra rows: a registered method with options over its YAML defaults, e.g. "
                     "infllm:offload=false (the row's method is the whole spec)")
+    ap.add_argument("--shard", default="1/1", metavar="K/N",
+                    help="the K-th of N parts of the rows (every N-th from the K-th, registry order, variants last); "
+                    "full attention is in every part, the reference of its speed-ups: a 128K cell of every "
+                    "method needs more than one 10-minute call")
     ap.add_argument("--random-heads", default="random:0:24")
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--steps", type=int, default=12)
@@ -146,6 +150,12 @@ def main(argv=None):
     except ValueError as e:
         sys.exit(f"error: {e}")
     names += list(variants)
+    try:
+        k, n = (int(x) for x in args.shard.split("/"))
+        assert 1 <= k <= n
+    except (ValueError, AssertionError):
+        sys.exit(f"error: --shard {args.shard}: expected K/N with 1 <= K <= N")
+    names = ["full"] + [m for i, m in enumerate(names[1:]) if i % n == k - 1]
     base = {**{n: n for n in names if n not in variants}, **{k: b for k, (b, _) in variants.items()}}
     cells = [parse_cell(c) for c in args.cells]
 
@@ -217,7 +227,7 @@ def main(argv=None):
     env = environment()
     out = {"bench": "every_method", **provenance("bench.every_method", argv), "model": args.model,
            "weights": args.weights, "dtype": str(dtype), "device": env.get("gpu", "cpu"),
-           "cells": [list(c) for c in cells], "budget": args.budget, "budget_knob": floors.KNOB_NOTE,
+           "cells": [list(c) for c in cells], "shard": args.shard, "budget": args.budget, "budget_knob": floors.KNOB_NOTE,
            "warmup": args.warmup, "steps": args.steps, "time_budget_s": time_budget,
            "elapsed_s": time.time() - t_start, "bandwidth_bytes_s": bandwidth,
            "bandwidth_source": "measured copy" if device.type == "cuda" else "assumed H100 3.0 TB/s",

@@ -16,7 +16,7 @@ from methods import REGISTRY
 from tests.analysis_fakes import fake_run
 
 
-def fake_every_method(d, ms: dict, cells=((32768, 1), (131072, 1))) -> None:
+def fake_every_method(d, ms: dict, cells=((32768, 1), (131072, 1)), file=None, shard="1/1") -> None:
     """An every_method JSON: full at 10 ms, each method at ms[name] (None: out of memory), one skip."""
     rows = []
     for c, b in cells:
@@ -32,8 +32,9 @@ def fake_every_method(d, ms: dict, cells=((32768, 1), (131072, 1))) -> None:
                          prefill_vs_full=(2.0 + i) / 2.0, first_decode_s=0.5, peak_gib=20.5, graphs=m != "infllm",
                          speedup_vs_full=10.0 / t, floor_note="dense decode" if m == "full" else "")
             rows.append(r)
-    (d / harness.FILE.name).write_text(json.dumps({
-        "bench": "every_method", "command": harness.COMMAND, "commit": "abc1234", "dirty": False,
+    file = file or harness.FILE
+    (d / file.name).write_text(json.dumps({
+        "bench": "every_method", "command": file.command, "commit": "abc1234", "dirty": False, "shard": shard,
         "device": "NVIDIA H100 80GB HBM3", "dtype": "torch.bfloat16", "weights": "random", "budget": 4096,
         "budget_knob": "budget K = tokens per head", "warmup": 3, "steps": 12, "time_budget_s": 300,
         "elapsed_s": 299.0, "bandwidth_bytes_s": 2.9e12, "bandwidth_source": "measured copy", "rows": rows}))
@@ -55,6 +56,21 @@ def test_tpot_renders_every_row_failures_included(tmp_path):
     csv = pd.read_csv(out / "tables" / "harness.tpot.csv")
     assert len(csv) == 8 and set(csv["status"]) == {"ok", "error", "skipped"}
     assert (out / "figures" / "harness.tpot.png").exists()
+
+
+def test_tpot_reads_a_cell_run_in_two_parts_each_with_its_own_full(tmp_path):
+    bench = tmp_path / "bench"
+    bench.mkdir()
+    first, second = (f for f in harness.FILES if "128k" in f.name)
+    assert "--shard 1/2" in first.command and "--shard 2/2" in second.command
+    fake_every_method(bench, {"quest": 8.0, "h2o": 7.0}, cells=((131072, 1),), file=first, shard="1/2")
+    fake_every_method(bench, {"tova": 5.0, "tidal": 6.0}, cells=((131072, 1),), file=second, shard="2/2")
+    out = tmp_path / "out"
+    assert main(["render", "harness.tpot", "--bench", str(bench), "--out", str(out)]) == 0
+    md = (out / "tables" / "harness.tpot.md").read_text()
+    assert md.count("### 128K B=1") == 1
+    assert "| full | 10.00 |" in md and "| full (reference of part 2/2) | 10.00 |" in md
+    assert "| quest | 8.00 |" in md and "| tova | 5.00 | 5.00 | 1.00x | 2.00x |" in md
 
 
 def test_pareto_front_keeps_the_undominated():
