@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 
 from kernels.lse import decode_attention_lse, merge_attention, sparse_decode_tokens_lse
-from kernels.memory_decode import two_part_decode_lse
+from kernels.memory_decode import two_part_decode_lse, two_part_workspace
 from kernels.window import FAR, window_attention_lse, window_mass
 from methods.base import Method, Step, register
 from methods.parts.infllm_config import InfLLMConfig, MemoryConfig  # noqa: F401 (methods/ltri.py's)
@@ -83,8 +83,11 @@ class InfLLM(HostPath, Method):
             self.pending = getattr(self, "pending", None) or PendingMass()
             self.pending.allocate(L, batch, Hq, c.n_local, device)
             self.buf_k = self.buf_v = None
+            width = c.n_init + c.topk * c.block_size + c.block_size    # a decode step's memory index
+            self.partials = two_part_workspace(batch, Hq, D, [(Hkv, c.n_local), (Hkv, width)], device,
+                                               getattr(self, "partials", None))
         else:
-            self.store = self.pending = None
+            self.store = self.pending = self.partials = None
             self.buf_k = _reuse(getattr(self, "buf_k", None), (L, batch, Hkv, self.buf_cap, D), dtype, device)
             self.buf_v = _reuse(getattr(self, "buf_v", None), (L, batch, Hkv, self.buf_cap, D), dtype, device)
         self.scratch = _reuse(getattr(self, "scratch", None), (batch, Hq, self.ring_size), torch.float32, device)
@@ -111,6 +114,8 @@ class InfLLM(HostPath, Method):
 
     def buffers(self):
         extra = {**self.store.buffers(), **self.pending.buffers()} if self.resident else {}
+        if getattr(self, "partials", None) is not None:
+            extra.update(partials_op=self.partials[0], partials_lp=self.partials[1])
         return {**self.ring.buffers(), **self.memory.buffers(), "buf_k": self.buf_k, "buf_v": self.buf_v,
                 "scratch": self.scratch, **extra, **self.index_buffers()}
 
@@ -199,7 +204,8 @@ class InfLLM(HostPath, Method):
             if self.resident:   # window and memory in one combine (kernels/memory_decode.py)
                 out, lse = two_part_decode_lse(q1, ring.k_rot[layer], ring.v[layer], self.local_index,
                                                self.local_counts, q_mem[:, :, 0].contiguous(), self.store.k[layer],
-                                               self.store.v[layer], m_index, m_counts, scale, scores=self.scratch)
+                                               self.store.v[layer], m_index, m_counts, scale, scores=self.scratch,
+                                               workspace=self.partials)
             else:
                 out_l, lse_l = sparse_decode_tokens_lse(q1, ring.k_rot[layer], ring.v[layer], self.local_index,
                                                         self.local_counts, scale, scores=self.scratch)
