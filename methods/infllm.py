@@ -288,26 +288,36 @@ class InfLLM(HostPath, Method):
             self.buf_k[layer, :, :, self.init_len:init_new] = self.ring.k_raw[layer].index_select(2, sl)
             self.buf_v[layer, :, :, self.init_len:init_new] = self.ring.v[layer].index_select(2, sl)
         nb_new = max(0, E - c.n_local - c.n_init) // c.block_size
-        new = []
-        for i in range(self.formed_blocks, nb_new):
-            start = c.n_init + i * c.block_size
-            sl = self.ring.slots(start, start + c.block_size)
-            k = self.ring.k_raw[layer].index_select(2, sl)
-            if not self.resident:
-                self.memory.put(layer, i, k, self.ring.v[layer].index_select(2, sl))
-            new.append((i, k, self.ring.score[layer].index_select(2, sl)))
+        new, n = [], nb_new - self.formed_blocks
+        if n > 0:   # the step's leaving blocks gathered at once (a prefill chunk's exc_block_size / block_size)
+            start, bs = c.n_init + self.formed_blocks * c.block_size, c.block_size
+            sl = self.ring.slots(start, start + n * bs)
+            k_all = self.ring.k_raw[layer].index_select(2, sl)
+            s_all = self.ring.score[layer].index_select(2, sl)
+            v_all = None if self.resident else self.ring.v[layer].index_select(2, sl)
+            for j, i in enumerate(range(self.formed_blocks, nb_new)):
+                k = k_all[:, :, j * bs:(j + 1) * bs]
+                if not self.resident:
+                    self.memory.put(layer, i, k, v_all[:, :, j * bs:(j + 1) * bs])
+                new.append((i, k, s_all[:, :, j * bs:(j + 1) * bs]))
         self.index_blocks(layer, new)
         if layer == self.info.num_layers - 1:
             self.formed_blocks = nb_new
 
     def index_blocks(self, layer: int, blocks: list) -> None:
-        """Representative of each new block (i, raw keys, scores) per query head: mean of its repr_topk
-        most-attended keys."""
-        for i, k, score in blocks:
-            top = top_first(score, self.cfg.repr_topk)                # [B, Hq, r]
-            kk = k.repeat_interleave(self.info.group, 1)                          # [B, Hq, bs, D]
-            picked = kk.gather(2, top.unsqueeze(-1).expand(-1, -1, -1, k.shape[-1]))
-            self.reprs[layer, :, i] = picked.float().mean(2).to(self.reprs.dtype)
+        """Representative of each new block (i, raw keys, scores; consecutive ids) per query head: mean of
+        its repr_topk most-attended keys. All of a step's blocks in one pass (no loop of kernels per block)."""
+        if not blocks:
+            return
+        k = torch.stack([b[1] for b in blocks], 2)                              # [B, Hkv, n, bs, D]
+        top = top_first(torch.stack([b[2] for b in blocks], 2), self.cfg.repr_topk)   # [B, Hq, n, r]
+        B, Hkv, n, bs, D = k.shape
+        G = self.info.group
+        top = top.view(B, Hkv, G, n, -1, 1).expand(-1, -1, -1, -1, -1, D)
+        picked = k.unsqueeze(2).expand(B, Hkv, G, n, bs, D).gather(4, top)      # [B, Hkv, G, n, r, D]
+        rep = picked.float().mean(4).flatten(1, 2).transpose(1, 2)              # [B, n, Hq, D]
+        i0 = blocks[0][0]
+        self.reprs[layer, :, i0:i0 + n] = rep.to(self.reprs.dtype)
 
     before_decode = correction_span = form_due
 
