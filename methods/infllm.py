@@ -24,7 +24,8 @@ import torch
 
 from kernels.lse import decode_attention_lse, merge_attention, sparse_decode_tokens_lse
 from kernels.memory_decode import two_part_decode_lse, two_part_workspace
-from kernels.window import FAR, window_attention_lse, window_mass
+from kernels.memory_prefill import two_part_prefill_lse
+from kernels.window import FAR, window_mass
 from methods.base import Method, Step, register
 from methods.parts.infllm_config import InfLLMConfig, MemoryConfig  # noqa: F401 (methods/ltri.py's)
 from methods.parts.infllm_device import (
@@ -148,6 +149,12 @@ class InfLLM(HostPath, Method):
             if step.phase == "decode":
                 return
         lo = max(0, a - c.n_local + 1)
+        if step.phase != "decode":   # the prefill kernels' positions, once per step: queries [B, T], ring slots
+            last, R = a + T - 1, self.ring_size
+            self.q_pos = step.positions.view(-1, T).expand(self.batch, T).contiguous()
+            ring_pos = last - (last - torch.arange(R, device=dev)).remainder(R)
+            self.ring_pos = torch.where(ring_pos >= 0, ring_pos, FAR).expand(self.batch, R).contiguous()
+            self._mem_pos = {}
         self.local_pos = torch.arange(lo, a + T, device=dev)
         self.local_slots = self.local_pos % self.ring_size
         self.rem_slots = self.ring.slots(self.rem_start, self.rem_start + self.rem_len)
@@ -220,26 +227,28 @@ class InfLLM(HostPath, Method):
             self.record(layer, self.local_counts + m_counts if self.resident else self.local_pos.numel() + n_mem)
             out = out.view(B, 1, Hq * D)
         else:
-            kl = ring.k_rot[layer].index_select(2, self.local_slots)
-            vl = ring.v[layer].index_select(2, self.local_slots)
-            out_l, lse_l = window_attention_lse(q_rot, kl, vl, scale, pos, self.local_pos, 0, c.n_local - 1)
+            # one kernel over the window (the ring in place, each slot at its position) and the memory, one
+            # softmax (kernels/memory_prefill.py); then the local mass under its lse, straight into the ring
             dmin = c.n_local if c.remainder_visibility == "query" else -FAR
             if self.resident:   # host ints in prefill: the memory's length needs no sync
                 g = self.geo
                 n_mem = g.init_len + min(g.n_blocks, c.topk) * c.block_size + g.rem_len
-                km, vm = self.store.gather(layer, m_index, n_mem)
+                k2, v2, p2, mem = self.store.k[layer], self.store.v[layer], None, {
+                    "index2": m_index[..., :n_mem], "counts2": m_counts}
             else:
-                km, vm = self.buf_k[layer, :, :, :n_mem], self.buf_v[layer, :, :, :n_mem]
-            out_g, lse_g = window_attention_lse(q_mem, km, vm, scale, pos, self.memory_positions(n_mem, q.device),
-                                                dmin, FAR)
-            out, lse = merge_attention([(out_l, lse_l), (out_g, lse_g)])
-            mass = window_mass(q_rot, kl, scale, pos, self.local_pos, lse, 0, c.n_local - 1)
+                k2, v2, p2, mem = self.buf_k[layer, :, :, :n_mem], self.buf_v[layer, :, :, :n_mem], \
+                    self.memory_pos(n_mem), {}
+            out, lse = two_part_prefill_lse(q_rot, ring.k_rot[layer], ring.v[layer], self.ring_pos, 0, c.n_local - 1,
+                                            q_mem, k2, v2, p2, dmin, FAR, self.q_pos, scale, **mem)
+            mass = window_mass(q_rot, ring.k_rot[layer], scale, self.q_pos, self.ring_pos, lse, 0, c.n_local - 1)
             self.observe(layer, q_rot, lse, None)
             out = out.transpose(1, 2).reshape(B, T, Hq * D)
         if self.resident and decode:
             self.pending.hold(layer, mass, self.first)
-        else:
+        elif decode:
             ring.score[layer].index_add_(2, self.local_slots, mass)
+        else:               # every slot's mass (0 out of every window)
+            ring.score[layer].add_(mass)
         if not step.graphed:      # graphed decode: the engine's host hooks form blocks (correction_span)
             self.after_step(layer, q_mem)
         return out

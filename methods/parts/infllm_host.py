@@ -38,6 +38,12 @@ class HostPath:
             vals.append(seen / max(1, e - s))
         self.recall[layer].append(sum(vals) / len(vals))
 
+    def memory_pos(self, n_mem: int) -> torch.Tensor:
+        """memory_positions as [B, n_mem] (the prefill kernel's layout), made once per step (begin clears it)."""
+        if n_mem not in self._mem_pos:
+            self._mem_pos[n_mem] = self.memory_positions(n_mem, self.q_pos.device).expand(self.batch, n_mem).contiguous()
+        return self._mem_pos[n_mem]
+
     def memory_positions(self, n_mem: int, device) -> torch.Tensor:
         """Positions of the memory prefix, for the per-query remainder mask: sinks and blocks are out of
         every window of this chunk (0 stands for them), the remainder has its own."""
