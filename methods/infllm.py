@@ -144,6 +144,8 @@ class InfLLM(HostPath, Method):
         self.rem_len = max(a - self.rem_start + T - c.n_local, 0)
         dev = step.positions.device
         self.new_slots = step.positions % self.ring_size
+        self.q_pos = self.ring_pos = None   # prefill only: no undeclared tensor lives into a graphed decode
+        self._mem_pos = {}
         if self.resident:
             self.begin_resident(step)
             if step.phase == "decode":
@@ -154,7 +156,6 @@ class InfLLM(HostPath, Method):
             self.q_pos = step.positions.view(-1, T).expand(self.batch, T).contiguous()
             ring_pos = last - (last - torch.arange(R, device=dev)).remainder(R)
             self.ring_pos = torch.where(ring_pos >= 0, ring_pos, FAR).expand(self.batch, R).contiguous()
-            self._mem_pos = {}
         self.local_pos = torch.arange(lo, a + T, device=dev)
         self.local_slots = self.local_pos % self.ring_size
         self.rem_slots = self.ring.slots(self.rem_start, self.rem_start + self.rem_len)
@@ -174,10 +175,10 @@ class InfLLM(HostPath, Method):
         self.geo = Geometry.of(self.first, step.length, c.n_init, c.n_local, c.block_size)
         width = c.n_init + c.topk * c.block_size + c.block_size + (0 if decode else self.largest_chunk())
         dev = step.positions.device
-        self.layout = MemoryLayout(self.geo, c.n_init, c.block_size, width, Hkv, self.store.k.shape[3], dev)
         self.pending.prepare(self.first, self.ring_size)
-        if not decode:
+        if not decode:      # a prefill chunk's kernel reads the block ids (no token index)
             return
+        self.layout = MemoryLayout(self.geo, c.n_init, c.block_size, width, Hkv, self.store.k.shape[3], dev)
         a, n = self.first, c.n_local
         lpos = a - torch.arange(n, device=a.device)
         self.local_pos, self.local_valid, self.rem_slots = lpos, lpos >= 0, None
@@ -194,7 +195,8 @@ class InfLLM(HostPath, Method):
         q_rot, k_rot = rope.apply(q, pos), rope.apply(k, pos)
         ring, decode = self.ring, step.phase == "decode"
         if self.resident:   # the last decode step's local mass first (PendingMass), then this step's keys
-            self.pending.fold(layer, ring.score[layer])
+            if decode or self.pending.held:
+                self.pending.fold(layer, ring.score[layer])
             if not decode:
                 self.pending.clear(layer)
             self.store.write(layer, pos, k, v)
@@ -203,7 +205,8 @@ class InfLLM(HostPath, Method):
         q_mem = rope.apply(q, self.mem_angle)  # every query at the one memory distance
         if self.resident:
             ids, counts = self._selected[layer] = self.select_device(layer, q_mem)
-            m_index, m_counts = self.layout.index(ids, counts)
+            if decode:   # token positions for the split kernel; a prefill chunk's kernel reads the block ids
+                m_index, m_counts = self.layout.index(ids, counts)
         else:
             n_mem = self.fill_memory(layer, q_mem)
         if decode:
@@ -232,9 +235,9 @@ class InfLLM(HostPath, Method):
             dmin = c.n_local if c.remainder_visibility == "query" else -FAR
             if self.resident:   # host ints in prefill: the memory's length needs no sync
                 g = self.geo
-                n_mem = g.init_len + min(g.n_blocks, c.topk) * c.block_size + g.rem_len
-                k2, v2, p2, mem = self.store.k[layer], self.store.v[layer], None, {
-                    "index2": m_index[..., :n_mem], "counts2": m_counts}
+                nsel = min(g.n_blocks, c.topk)
+                k2, v2, p2, mem = self.store.k[layer], self.store.v[layer], None, {"blocks2": (
+                    ids, g.init_len, c.n_init, c.block_size, nsel, g.rem_start, g.init_len + nsel * c.block_size + g.rem_len)}
             else:
                 k2, v2, p2, mem = self.buf_k[layer, :, :, :n_mem], self.buf_v[layer, :, :, :n_mem], \
                     self.memory_pos(n_mem), {}
