@@ -57,7 +57,13 @@ class MemoryConfig(MethodConfig):
                 "retrieval": "per KV head" if self.per_head else "shared by all heads of a layer",
                 "positions": f"local window at real relative positions; sinks, blocks and remainder un-rotated "
                              f"at distance {self.distance}",
-                "prefill": f"chunks of {self.exc_block_size}, one retrieval each ({'host' if self.offload else 'device'})",
+                "prefill": f"chunks of {self.exc_block_size}, one retrieval each ({'host' if self.offload else 'device'}); "
+                           f"per chunk and layer one kernel over window + memory (<= {self.n_local} + "
+                           f"{self.n_init + (self.topk + 1) * self.block_size + self.exc_block_size} keys a query, "
+                           f"less than full attention's beyond that) and one more pass over the window for the "
+                           f"attention mass each key receives (the representatives' rule)"
+                           + ("; one host sync per layer and chunk (the LRU cache is kept on the host) and the "
+                              "blocks' device<->host moves" if self.offload else ""),
                 "offload": f"host memory, {self.max_cached_block} blocks GPU-cached (LRU); retrieval synced to "
                            f"the host every layer" if self.offload
                 else "none (every token on the GPU; retrieval on the device, decode CUDA-graph captured)",
