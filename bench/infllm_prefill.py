@@ -8,7 +8,9 @@ the top kernels of a torch.profiler trace.
     # GPU, Llama-3-8B shape with random weights, YAML defaults:
     python -m bench.infllm_prefill --model llama3 --context 32768 --methods full infllm:offload=false infllm
 
-Host syncs counted on the CPU are the calls a CUDA run would block on.
+Host syncs counted on the CPU are the calls a CUDA run would block on. `--count` (CPU) takes the GPU
+code path (HARNESS_KERNELS=triton) with every Triton launch counted and skipped (outputs stay
+uninitialised; only the counts mean something): what the host issues per chunk and layer on a GPU.
 """
 from __future__ import annotations
 
@@ -25,6 +27,27 @@ from runners.engine import Engine
 
 SMALL = {"n_init": 8, "n_local": 256, "block_size": 8, "topk": 16, "exc_block_size": 32, "max_cached_block": 32}  # 1/16 of the defaults
 SYNCS = ("item", "tolist", "cpu", "__int__", "__bool__", "__float__", "nonzero")
+
+
+class LaunchCounter:
+    """Replaces kernel_for in every loaded kernels.* module: a launch is counted, not run."""
+
+    def __init__(self):
+        self.n = 0
+        outer = self
+
+        class _Skip:
+            def __getitem__(self, grid):
+                def launch(*a, **k):
+                    outer.n += 1
+                return launch
+        self.skip = _Skip()
+
+    def install(self):
+        import sys
+        for name, mod in list(sys.modules.items()):
+            if name.startswith("kernels") and hasattr(mod, "kernel_for"):
+                mod.kernel_for = lambda kernel, t: self.skip
 
 
 class SyncCounter:
@@ -68,6 +91,7 @@ def main(argv=None):
     ap.add_argument("--methods", nargs="+", default=["full", "infllm", "infllm:offload=false"])
     ap.add_argument("--profile", type=int, default=0, help="tokens of a second prefill under torch.profiler "
                     "(0: none): kernels and aten ops per chunk and layer, device-busy vs wall, top kernels")
+    ap.add_argument("--count", action="store_true", help="CPU: the GPU code path's launches, counted not run")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     from methods.base import ModelInfo
@@ -80,6 +104,20 @@ def main(argv=None):
         info = ModelInfo.from_hf_config(model.config)
     ids = torch.randint(0, model.config.vocab_size, (1, args.context), device=dev)
     rows = []
+    launches = None
+    if args.count:
+        import os
+        os.environ["HARNESS_KERNELS"] = "triton"
+        import kernels.attention  # every kernels module the methods use, loaded before patching
+        import kernels.lse
+        import kernels.topk
+        import kernels.window
+        try:
+            import kernels.memory_prefill  # noqa: F401
+        except ImportError:
+            pass
+        launches = LaunchCounter()
+        launches.install()
     for spec in args.methods:
         cfg = method_cfg(spec)
         if not args.model and cfg.name != "full":
@@ -90,6 +128,7 @@ def main(argv=None):
         eng.reset(1, args.context + 8)
         chunks = -(-args.context // (eng.method.prefill_chunk or args.context))
         sync = (lambda: torch.cuda.synchronize()) if dev.type == "cuda" else (lambda: None)
+        n0 = launches.n if launches else 0
         with SyncCounter() as sc:
             sync()
             t = time.perf_counter()
@@ -99,6 +138,8 @@ def main(argv=None):
         per = chunks * info.num_layers
         row = {"method": spec, "context": args.context, "chunks": chunks, "prefill_s": round(secs, 3),
                "syncs_per_chunk_layer": {k: round(v / per, 2) for k, v in sc.counts.items()}}
+        if launches:
+            row["triton_launches_per_chunk_layer"] = round((launches.n - n0) / per, 2)
         if args.profile:   # a second prefill of --profile tokens under the profiler (its overhead excluded above)
             n = args.profile
             eng.reset(1, args.context + 8)
