@@ -58,7 +58,7 @@ def _softmax_parts(s: torch.Tensor, valid: torch.Tensor, vs: torch.Tensor, dtype
 
 
 def decode_attention_lse_ref(q, k, v, lengths, scale, max_length=None):
-    B, Hq, D = q.shape
+    B, Hq, _ = q.shape
     Hkv = k.shape[1]
     S = int(max_length) if max_length is not None else int(lengths.max())
     S = min(S, k.shape[2])
@@ -69,7 +69,7 @@ def decode_attention_lse_ref(q, k, v, lengths, scale, max_length=None):
 
 
 def sparse_decode_tokens_lse_ref(q, k, v, index, counts, scale, scores=None):
-    B, Hq, D = q.shape
+    B, Hq, _ = q.shape
     Hkv, S = k.shape[1], k.shape[2]
     n = index.shape[-1]
     R = Hq // index.shape[1]
@@ -87,9 +87,11 @@ def sparse_decode_tokens_lse_ref(q, k, v, index, counts, scale, scores=None):
 
 # ----------------------------------------------------------------------------- Triton path
 
-def _partials(q, k, v, lengths, scale, *, index=None, counts=None, scores=None, n_slots_max: int, kind: str):
+def _partials(q, k, v, lengths, scale, *, index=None, counts=None, scores=None, n_slots_max: int, kind: str,
+              into=None):
     """attention.py's split-K kernel, stopped before its combine: (op [B, Hq, NS, D] fp32 normalised
-    per split, lp [B, Hq, NS] base-2 lse per split, -inf for an empty split)."""
+    per split, lp [B, Hq, NS] base-2 lse per split, -inf for an empty split). `into` (op, lp, first):
+    write the splits at columns first.. of these preallocated tensors (memory_decode's workspace)."""
     B, Hq, D = q.shape
     Hkv = k.shape[1]
     assert Hq % Hkv == 0 and q.stride(-1) == 1 and k.stride(-1) == 1 and v.stride(-1) == 1
@@ -101,8 +103,14 @@ def _partials(q, k, v, lengths, scale, *, index=None, counts=None, scores=None, 
     cfg = A.CONFIG[kind]
     block = cfg["block_n"] if q.is_cuda else A.CPU_BLOCK_N
     ns, chunk = plan_splits(max(n_slots_max, 1), B * H, block, num_sms(q), cfg["splits_per_sm"], None)
-    op = A._empty(B, Hq, ns, D, device=q.device, dtype=torch.float32)
-    lp = A._empty(B, Hq, ns, device=q.device, dtype=torch.float32)
+    if into is None:
+        op = A._empty(B, Hq, ns, D, device=q.device, dtype=torch.float32)
+        lp = A._empty(B, Hq, ns, device=q.device, dtype=torch.float32)
+        row = ns
+    else:   # the kernel's row stride is NS: the whole workspace's, its base pointer moved to column `first`
+        row, first = into[1].shape[-1], into[2]
+        assert first + ns <= row
+        op, lp = into[0][:, :, first:], into[1][:, :, first:]
     lens = lengths if lengths is not None else counts
     idx = index if indexed else lens
     cnt = counts if indexed else lens
@@ -114,11 +122,11 @@ def _partials(q, k, v, lengths, scale, *, index=None, counts=None, scores=None, 
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2),
         idx.stride(0), idx.stride(1) if idx.dim() > 1 else 0, cnt.stride(0),
-        sc.stride(0), sc.stride(1), H, sc.shape[-1] if scores is not None else 0, chunk, ns,
+        sc.stride(0), sc.stride(1), H, sc.shape[-1] if scores is not None else 0, chunk, row,
         R=R, G=G, R_PAD=max(16, next_pow2(R)), D=D, BLOCK_N=block, PAGE=1, INDEXED=indexed,
         LEN_MASK=not indexed, WRITE_SCORES=scores is not None, PREC=prec, UPCAST=upcast,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
-    return op, lp
+    return op[:, :, :ns], lp[:, :, :ns]
 
 
 def _combine_lse(op: torch.Tensor, lp: torch.Tensor, dtype) -> tuple[torch.Tensor, torch.Tensor]:

@@ -20,16 +20,14 @@ model dtype).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
-from common.errors import ConfigError
 from kernels.lse import decode_attention_lse, merge_attention, sparse_decode_tokens_lse
-from kernels.memory_decode import two_part_decode_lse
-from kernels.window import FAR, window_attention_lse, window_mass
+from kernels.memory_decode import two_part_decode_lse, two_part_workspace
+from kernels.memory_prefill import two_part_prefill_lse
+from kernels.window import FAR, window_mass
 from methods.base import Method, Step, register
-from methods.config import MethodConfig, option
+from methods.parts.infllm_config import InfLLMConfig, MemoryConfig  # noqa: F401 (methods/ltri.py's)
 from methods.parts.infllm_device import (
     Geometry,
     MemoryLayout,
@@ -43,86 +41,6 @@ from methods.parts.infllm_device import (
 from methods.parts.infllm_host import HostPath
 from methods.parts.selection import top_first
 from methods.parts.stores_blocks import BlockMemory, WindowRing
-
-
-@dataclass(frozen=True)
-class MemoryConfig(MethodConfig):
-    """The context-memory options InfLLM and Ltri-LLM share."""
-
-    n_init: int = option(128, "initial tokens (attention sinks), attended as memory at the fixed distance", min=0)
-    n_local: int = option(4096, "local window: the last n_local tokens (the query itself included) at real "
-                          "relative positions", min=1)
-    block_size: int = option(128, "tokens per memory block", min=1)
-    topk: int = option(16, "blocks retrieved per execution chunk or decode step", min=1)
-    exc_block_size: int = option(512, "execution chunk: prompt tokens sharing one retrieval (the prefill chunk)",
-                                 min=1)
-    max_cached_block: int = option(32, "GPU-resident blocks per layer and sequence (LRU cache) when offloading",
-                                   min=1)
-    offload: bool = option(True, "true: blocks live in host memory (pinned on CUDA), max_cached_block of them "
-                           "cached on the GPU, chosen on the host every layer; false: every token stays on the GPU "
-                           "and retrieval runs there (no host sync in decode: CUDA-graph captured)")
-    per_head: bool = option(False, "retrieval per KV head (its query group's logits summed) instead of one top-k "
-                            "per layer over all heads (InfLLM's default; its perhead mode, 'not recommended', #45)")
-    memory_distance: int | None = option(None, "distance of every memory token from the query; null = n_local - 1 "
-                                         "(InfLLM's apply_rotary_pos_emb_one_angle(q, n_local) takes row n_local-1)",
-                                         min=0)
-    evidence: str = option("none", "the sample's needle (a task param span, e.g. niah): record = per layer and decode "
-                           "step, the share of its tokens the step attends (ltri.fig1-2); inject = also force the "
-                           "blocks holding it into every retrieval (ltri.table1)", choices=("none", "record", "inject"))
-    remainder_visibility: str = option(
-        "chunk", "chunk: each query of an execution chunk sees every evicted, not yet blocked token out of the "
-        "chunk's LAST query's window, also ones inside its own window (InfLLM's code: its complement mask never "
-        "masks); query: only those out of its own window", choices=("chunk", "query"))
-
-    @property
-    def distance(self) -> int:
-        return self.n_local - 1 if self.memory_distance is None else self.memory_distance
-
-    def check(self, info):
-        if self.exc_block_size > self.n_local:
-            raise ConfigError(f"method.exc_block_size={self.exc_block_size} exceeds method.n_local={self.n_local} "
-                              f"(InfLLM asserts exc_block_size <= n_local)")
-        need = self.topk * (info.num_kv_heads if self.per_head else 1)
-        if self.offload and self.max_cached_block < need:
-            raise ConfigError(f"method.max_cached_block={self.max_cached_block} is below the {need} blocks one "
-                              f"retrieval needs resident (topk{' x KV heads' if self.per_head else ''})")
-
-    def describe(self):
-        return {"budget_unit": "tokens per KV head: n_init sinks + topk blocks + n_local window (+ the evicted "
-                               "remainder, < block_size + chunk)",
-                "budget_total": self.n_init + self.topk * self.block_size + self.n_local,
-                "retrieval": "per KV head" if self.per_head else "shared by all heads of a layer",
-                "positions": f"local window at real relative positions; sinks, blocks and remainder un-rotated "
-                             f"at distance {self.distance}",
-                "prefill": f"chunks of {self.exc_block_size}, one retrieval each ({'host' if self.offload else 'device'})",
-                "offload": f"host memory, {self.max_cached_block} blocks GPU-cached (LRU); retrieval synced to "
-                           f"the host every layer" if self.offload
-                else "none (every token on the GPU; retrieval on the device, decode CUDA-graph captured)",
-                "dense_layers": 0}
-
-    def full_equivalent(self, context):
-        return {"n_local": max(self.n_local, context)}
-
-
-@dataclass(frozen=True)
-class InfLLMConfig(MemoryConfig):
-    """InfLLM (thunlp/InfLLM): sinks + local window + retrieved blocks of evicted tokens at a fixed
-    distance, blocks offloaded to host memory behind an LRU GPU cache. Defaults: config/llama-3-inf-llm.yaml."""
-
-    repr_topk: int = option(4, "representative tokens per block and query head (most local attention received); "
-                            "the block's index key is their mean", min=1)
-
-    def check(self, info):
-        super().check(info)
-        if self.repr_topk > self.block_size:
-            raise ConfigError(f"method.repr_topk={self.repr_topk} exceeds method.block_size={self.block_size}")
-
-    @classmethod
-    def variants(cls):
-        return [{"n_init": 4, "n_local": 8, "block_size": 4, "topk": 2, "repr_topk": 2, "exc_block_size": 8,
-                 "max_cached_block": 3},
-                {"n_init": 2, "n_local": 10, "block_size": 3, "topk": 3, "repr_topk": 1, "exc_block_size": 7,
-                 "per_head": True, "offload": False, "memory_distance": 6, "remainder_visibility": "query"}]
 
 
 @register
@@ -148,6 +66,7 @@ class InfLLM(HostPath, Method):
     def setup(self, info, batch, max_len, device, dtype):
         c = self.cfg
         self.info, self.batch, self.dtype = info, batch, dtype
+        self.step = None                  # no step since setup: form_due has nothing to form
         L, Hq, Hkv, D = info.num_layers, info.num_heads, info.num_kv_heads, info.head_dim
         self.ring_size = c.n_local + c.block_size + self.largest_chunk()
         self.ring = getattr(self, "ring", None) or WindowRing()
@@ -165,8 +84,11 @@ class InfLLM(HostPath, Method):
             self.pending = getattr(self, "pending", None) or PendingMass()
             self.pending.allocate(L, batch, Hq, c.n_local, device)
             self.buf_k = self.buf_v = None
+            width = c.n_init + c.topk * c.block_size + c.block_size    # a decode step's memory index
+            self.partials = two_part_workspace(batch, Hq, D, [(Hkv, c.n_local), (Hkv, width)], device,
+                                               getattr(self, "partials", None))
         else:
-            self.store = self.pending = None
+            self.store = self.pending = self.partials = None
             self.buf_k = _reuse(getattr(self, "buf_k", None), (L, batch, Hkv, self.buf_cap, D), dtype, device)
             self.buf_v = _reuse(getattr(self, "buf_v", None), (L, batch, Hkv, self.buf_cap, D), dtype, device)
         self.scratch = _reuse(getattr(self, "scratch", None), (batch, Hq, self.ring_size), torch.float32, device)
@@ -193,6 +115,8 @@ class InfLLM(HostPath, Method):
 
     def buffers(self):
         extra = {**self.store.buffers(), **self.pending.buffers()} if self.resident else {}
+        if getattr(self, "partials", None) is not None:
+            extra.update(partials_op=self.partials[0], partials_lp=self.partials[1])
         return {**self.ring.buffers(), **self.memory.buffers(), "buf_k": self.buf_k, "buf_v": self.buf_v,
                 "scratch": self.scratch, **extra, **self.index_buffers()}
 
@@ -220,11 +144,18 @@ class InfLLM(HostPath, Method):
         self.rem_len = max(a - self.rem_start + T - c.n_local, 0)
         dev = step.positions.device
         self.new_slots = step.positions % self.ring_size
+        self.q_pos = self.ring_pos = None   # prefill only: no undeclared tensor lives into a graphed decode
+        self._mem_pos = {}
         if self.resident:
             self.begin_resident(step)
             if step.phase == "decode":
                 return
         lo = max(0, a - c.n_local + 1)
+        if step.phase != "decode":   # the prefill kernels' positions, once per step: queries [B, T], ring slots
+            last, R = a + T - 1, self.ring_size
+            self.q_pos = step.positions.view(-1, T).expand(self.batch, T).contiguous()
+            ring_pos = last - (last - torch.arange(R, device=dev)).remainder(R)
+            self.ring_pos = torch.where(ring_pos >= 0, ring_pos, FAR).expand(self.batch, R).contiguous()
         self.local_pos = torch.arange(lo, a + T, device=dev)
         self.local_slots = self.local_pos % self.ring_size
         self.rem_slots = self.ring.slots(self.rem_start, self.rem_start + self.rem_len)
@@ -244,10 +175,10 @@ class InfLLM(HostPath, Method):
         self.geo = Geometry.of(self.first, step.length, c.n_init, c.n_local, c.block_size)
         width = c.n_init + c.topk * c.block_size + c.block_size + (0 if decode else self.largest_chunk())
         dev = step.positions.device
-        self.layout = MemoryLayout(self.geo, c.n_init, c.block_size, width, Hkv, self.store.k.shape[3], dev)
         self.pending.prepare(self.first, self.ring_size)
-        if not decode:
+        if not decode:      # a prefill chunk's kernel reads the block ids (no token index)
             return
+        self.layout = MemoryLayout(self.geo, c.n_init, c.block_size, width, Hkv, self.store.k.shape[3], dev)
         a, n = self.first, c.n_local
         lpos = a - torch.arange(n, device=a.device)
         self.local_pos, self.local_valid, self.rem_slots = lpos, lpos >= 0, None
@@ -264,7 +195,8 @@ class InfLLM(HostPath, Method):
         q_rot, k_rot = rope.apply(q, pos), rope.apply(k, pos)
         ring, decode = self.ring, step.phase == "decode"
         if self.resident:   # the last decode step's local mass first (PendingMass), then this step's keys
-            self.pending.fold(layer, ring.score[layer])
+            if decode or self.pending.held:
+                self.pending.fold(layer, ring.score[layer])
             if not decode:
                 self.pending.clear(layer)
             self.store.write(layer, pos, k, v)
@@ -273,7 +205,8 @@ class InfLLM(HostPath, Method):
         q_mem = rope.apply(q, self.mem_angle)  # every query at the one memory distance
         if self.resident:
             ids, counts = self._selected[layer] = self.select_device(layer, q_mem)
-            m_index, m_counts = self.layout.index(ids, counts)
+            if decode:   # token positions for the split kernel; a prefill chunk's kernel reads the block ids
+                m_index, m_counts = self.layout.index(ids, counts)
         else:
             n_mem = self.fill_memory(layer, q_mem)
         if decode:
@@ -281,7 +214,8 @@ class InfLLM(HostPath, Method):
             if self.resident:   # window and memory in one combine (kernels/memory_decode.py)
                 out, lse = two_part_decode_lse(q1, ring.k_rot[layer], ring.v[layer], self.local_index,
                                                self.local_counts, q_mem[:, :, 0].contiguous(), self.store.k[layer],
-                                               self.store.v[layer], m_index, m_counts, scale, scores=self.scratch)
+                                               self.store.v[layer], m_index, m_counts, scale, scores=self.scratch,
+                                               workspace=self.partials)
             else:
                 out_l, lse_l = sparse_decode_tokens_lse(q1, ring.k_rot[layer], ring.v[layer], self.local_index,
                                                         self.local_counts, scale, scores=self.scratch)
@@ -296,26 +230,28 @@ class InfLLM(HostPath, Method):
             self.record(layer, self.local_counts + m_counts if self.resident else self.local_pos.numel() + n_mem)
             out = out.view(B, 1, Hq * D)
         else:
-            kl = ring.k_rot[layer].index_select(2, self.local_slots)
-            vl = ring.v[layer].index_select(2, self.local_slots)
-            out_l, lse_l = window_attention_lse(q_rot, kl, vl, scale, pos, self.local_pos, 0, c.n_local - 1)
+            # one kernel over the window (the ring in place, each slot at its position) and the memory, one
+            # softmax (kernels/memory_prefill.py); then the local mass under its lse, straight into the ring
             dmin = c.n_local if c.remainder_visibility == "query" else -FAR
             if self.resident:   # host ints in prefill: the memory's length needs no sync
                 g = self.geo
-                n_mem = g.init_len + min(g.n_blocks, c.topk) * c.block_size + g.rem_len
-                km, vm = self.store.gather(layer, m_index, n_mem)
+                nsel = min(g.n_blocks, c.topk)
+                k2, v2, p2, mem = self.store.k[layer], self.store.v[layer], None, {"blocks2": (
+                    ids, g.init_len, c.n_init, c.block_size, nsel, g.rem_start, g.init_len + nsel * c.block_size + g.rem_len)}
             else:
-                km, vm = self.buf_k[layer, :, :, :n_mem], self.buf_v[layer, :, :, :n_mem]
-            out_g, lse_g = window_attention_lse(q_mem, km, vm, scale, pos, self.memory_positions(n_mem, q.device),
-                                                dmin, FAR)
-            out, lse = merge_attention([(out_l, lse_l), (out_g, lse_g)])
-            mass = window_mass(q_rot, kl, scale, pos, self.local_pos, lse, 0, c.n_local - 1)
+                k2, v2, p2, mem = self.buf_k[layer, :, :, :n_mem], self.buf_v[layer, :, :, :n_mem], \
+                    self.memory_pos(n_mem), {}
+            out, lse = two_part_prefill_lse(q_rot, ring.k_rot[layer], ring.v[layer], self.ring_pos, 0, c.n_local - 1,
+                                            q_mem, k2, v2, p2, dmin, FAR, self.q_pos, scale, **mem)
+            mass = window_mass(q_rot, ring.k_rot[layer], scale, self.q_pos, self.ring_pos, lse, 0, c.n_local - 1)
             self.observe(layer, q_rot, lse, None)
             out = out.transpose(1, 2).reshape(B, T, Hq * D)
         if self.resident and decode:
             self.pending.hold(layer, mass, self.first)
-        else:
+        elif decode:
             ring.score[layer].index_add_(2, self.local_slots, mass)
+        else:               # every slot's mass (0 out of every window)
+            ring.score[layer].add_(mass)
         if not step.graphed:      # graphed decode: the engine's host hooks form blocks (correction_span)
             self.after_step(layer, q_mem)
         return out
@@ -332,7 +268,7 @@ class InfLLM(HostPath, Method):
         """The engine's host hooks before and after every decode step (graphed ones too): a block that left
         the window in a graphed step is formed here, before the next retrieval. Never asks for a re-run."""
         c = self.cfg
-        if self.info is None or max(0, seq_len - c.n_local - c.n_init) // c.block_size <= self.formed_blocks:
+        if self.info is None or self.step is None or max(0, seq_len - c.n_local - c.n_init) // c.block_size <= self.formed_blocks:
             return
         self.step = Step(phase="decode", start=seq_len - 1, length=1, positions=torch.tensor([seq_len - 1]))
         for layer in range(self.info.num_layers):
@@ -364,26 +300,36 @@ class InfLLM(HostPath, Method):
             self.buf_k[layer, :, :, self.init_len:init_new] = self.ring.k_raw[layer].index_select(2, sl)
             self.buf_v[layer, :, :, self.init_len:init_new] = self.ring.v[layer].index_select(2, sl)
         nb_new = max(0, E - c.n_local - c.n_init) // c.block_size
-        new = []
-        for i in range(self.formed_blocks, nb_new):
-            start = c.n_init + i * c.block_size
-            sl = self.ring.slots(start, start + c.block_size)
-            k = self.ring.k_raw[layer].index_select(2, sl)
-            if not self.resident:
-                self.memory.put(layer, i, k, self.ring.v[layer].index_select(2, sl))
-            new.append((i, k, self.ring.score[layer].index_select(2, sl)))
+        new, n = [], nb_new - self.formed_blocks
+        if n > 0:   # the step's leaving blocks gathered at once (a prefill chunk's exc_block_size / block_size)
+            start, bs = c.n_init + self.formed_blocks * c.block_size, c.block_size
+            sl = self.ring.slots(start, start + n * bs)
+            k_all = self.ring.k_raw[layer].index_select(2, sl)
+            s_all = self.ring.score[layer].index_select(2, sl)
+            v_all = None if self.resident else self.ring.v[layer].index_select(2, sl)
+            for j, i in enumerate(range(self.formed_blocks, nb_new)):
+                k = k_all[:, :, j * bs:(j + 1) * bs]
+                if not self.resident:
+                    self.memory.put(layer, i, k, v_all[:, :, j * bs:(j + 1) * bs])
+                new.append((i, k, s_all[:, :, j * bs:(j + 1) * bs]))
         self.index_blocks(layer, new)
         if layer == self.info.num_layers - 1:
             self.formed_blocks = nb_new
 
     def index_blocks(self, layer: int, blocks: list) -> None:
-        """Representative of each new block (i, raw keys, scores) per query head: mean of its repr_topk
-        most-attended keys."""
-        for i, k, score in blocks:
-            top = top_first(score, self.cfg.repr_topk)                # [B, Hq, r]
-            kk = k.repeat_interleave(self.info.group, 1)                          # [B, Hq, bs, D]
-            picked = kk.gather(2, top.unsqueeze(-1).expand(-1, -1, -1, k.shape[-1]))
-            self.reprs[layer, :, i] = picked.float().mean(2).to(self.reprs.dtype)
+        """Representative of each new block (i, raw keys, scores; consecutive ids) per query head: mean of
+        its repr_topk most-attended keys. All of a step's blocks in one pass (no loop of kernels per block)."""
+        if not blocks:
+            return
+        k = torch.stack([b[1] for b in blocks], 2)                              # [B, Hkv, n, bs, D]
+        top = top_first(torch.stack([b[2] for b in blocks], 2), self.cfg.repr_topk)   # [B, Hq, n, r]
+        B, Hkv, n, bs, D = k.shape
+        G = self.info.group
+        top = top.view(B, Hkv, G, n, -1, 1).expand(-1, -1, -1, -1, -1, D)
+        picked = k.unsqueeze(2).expand(B, Hkv, G, n, bs, D).gather(4, top)      # [B, Hkv, G, n, r, D]
+        rep = picked.float().mean(4).flatten(1, 2).transpose(1, 2)              # [B, n, Hq, D]
+        i0 = blocks[0][0]
+        self.reprs[layer, :, i0:i0 + n] = rep.to(self.reprs.dtype)
 
     before_decode = correction_span = form_due
 

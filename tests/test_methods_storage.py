@@ -17,9 +17,6 @@ CONTEXT, NEW = 131072, 64
 # options a default config cannot do without here (no head file for this random shape): same storage
 NEEDS = {"duo": {"heads": "random:0:8"}, "lychee": {"heads": "random:0:8"}}
 EXCEEDS: dict[str, str] = {}  # name -> why it must hold more than 1.1x full's storage
-# methods whose before_decode is bookkeeping over a prompt the engine has run (the blocks its prefill left
-# due), so it cannot run on a probe that ran none; every buffer they hold is declared at setup
-PROMPT_HOOK = {"infllm", "ltri"}
 
 
 def declared_bytes(name: str, **options) -> int:
@@ -28,8 +25,7 @@ def declared_bytes(name: str, **options) -> int:
                             "method": {"name": name, **REGISTRY.get(name).Config.defaults(), **options}})
     method = build(cfg.method, INFO)
     method.setup(INFO, 1, CONTEXT + NEW, torch.device("meta"), torch.bfloat16)
-    if name not in PROMPT_HOOK:
-        method.before_decode(CONTEXT)
+    method.before_decode(CONTEXT)
     return sum(t.numel() * t.element_size() for t in method.buffers().values() if t is not None)
 
 

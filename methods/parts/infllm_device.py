@@ -153,6 +153,9 @@ class PendingMass:
 
     def __init__(self):
         self.mass = self.pos = None
+        # host flag: a decode step held a mass since the last prefill chunk cleared them (conservative: a graph
+        # replay holds without Python, but its capture ran hold()); a prefill chunk folds and clears only then
+        self.held = False
 
     def allocate(self, layers, batch, q_heads, n_local, device) -> None:
         shape = (layers, batch, q_heads, n_local)
@@ -160,6 +163,7 @@ class PendingMass:
             self.mass = torch.empty(shape, device=device, dtype=torch.float32)
             self.pos = torch.empty(layers, 1, device=device, dtype=torch.long)
         self.pos.fill_(-1)
+        self.held = False
 
     def prepare(self, a, ring_size: int) -> None:
         """At the start of a step whose first position is `a` (int or [1]): where the pending masses go and
@@ -176,9 +180,14 @@ class PendingMass:
     def hold(self, layer: int, mass: torch.Tensor, a: torch.Tensor) -> None:
         self.mass[layer].copy_(mass)
         self.pos[layer].copy_(a)
+        self.held = True
 
     def clear(self, layer: int) -> None:
-        self.pos[layer].fill_(-1)
+        """Called by every layer of a prefill chunk; a no-op while nothing was held."""
+        if self.held:
+            self.pos[layer].fill_(-1)
+            if layer == self.pos.shape[0] - 1:
+                self.held = False
 
     def buffers(self) -> dict[str, torch.Tensor]:
         return {"pending_mass": self.mass, "pending_pos": self.pos}

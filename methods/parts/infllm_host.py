@@ -38,6 +38,12 @@ class HostPath:
             vals.append(seen / max(1, e - s))
         self.recall[layer].append(sum(vals) / len(vals))
 
+    def memory_pos(self, n_mem: int) -> torch.Tensor:
+        """memory_positions as [B, n_mem] (the prefill kernel's layout), made once per step (begin clears it)."""
+        if n_mem not in self._mem_pos:
+            self._mem_pos[n_mem] = self.memory_positions(n_mem, self.q_pos.device).expand(self.batch, n_mem).contiguous()
+        return self._mem_pos[n_mem]
+
     def memory_positions(self, n_mem: int, device) -> torch.Tensor:
         """Positions of the memory prefix, for the per-query remainder mask: sinks and blocks are out of
         every window of this chunk (0 stands for them), the remainder has its own."""
@@ -74,16 +80,30 @@ class HostPath:
 
     def _arrange(self, layer, b, u, blocks, slots):
         """InfLLM's buffer reuse: a block already in a buffer slot stays there; a new one takes the first
-        slot whose block is no longer wanted (only those are copied)."""
+        slot whose block is no longer wanted (only those are copied: one gather and one index_copy for
+        all of them, not a copy per block)."""
         c, held = self.cfg, self.buf_blocks[layer][b][u]
         want = set(blocks)
         heads = slice(None) if not self.cfg.per_head else slice(u, u + 1)
+        src, dst = [], []
         for blk in sorted(want):
             if blk in held:
                 continue
             j = next(i for i, h in enumerate(held) if h is None or h not in want)
             held[j] = blk
-            s = c.n_init + j * c.block_size
-            m = self.memory
-            self.buf_k[layer, b, heads, s:s + c.block_size] = m.cache_k[layer, b, slots[blk], heads]
-            self.buf_v[layer, b, heads, s:s + c.block_size] = m.cache_v[layer, b, slots[blk], heads]
+            src.append(slots[blk])
+            dst.append(j)
+        if not src:
+            return
+        m, bs = self.memory, c.block_size
+        if len(src) == 1:
+            s = c.n_init + dst[0] * bs
+            self.buf_k[layer, b, heads, s:s + bs] = m.cache_k[layer, b, src[0], heads]
+            self.buf_v[layer, b, heads, s:s + bs] = m.cache_v[layer, b, src[0], heads]
+            return
+        dev = self.buf_k.device
+        s_idx = torch.tensor(src, device=dev)
+        d_idx = (torch.tensor(dst, device=dev).unsqueeze(1) * bs + (c.n_init + torch.arange(bs, device=dev))).flatten()
+        for cache, buf in ((m.cache_k, self.buf_k), (m.cache_v, self.buf_v)):
+            part = cache[layer, b].index_select(0, s_idx)[:, heads]                   # [n, H, bs, D]
+            buf[layer, b, heads].index_copy_(1, d_idx, part.transpose(0, 1).flatten(1, 2))
