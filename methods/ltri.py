@@ -35,7 +35,7 @@ from common.errors import ConfigError
 from methods.base import register
 from methods.config import option
 from methods.infllm import InfLLM, MemoryConfig, _reuse
-from methods.parts import ltri_spans as S
+from methods.parts import ltri_batch as LB
 from methods.parts.selection import tie_round, top_first
 from methods.parts.stores_blocks import IndexVectors
 
@@ -152,6 +152,7 @@ def _lists(v):
 class Ltri(InfLLM):
     name = "ltri"
     Config = LtriConfig
+    reference_spans = False   # True: the spans map by map (ltri_spans, the reference), for parity tests and benches
 
     def __init__(self, cfg):
         super().__init__(cfg)
@@ -259,24 +260,20 @@ class Ltri(InfLLM):
         c, h, B = self.cfg, self.own[layer], self.batch
         maps = torch.stack([self.block_map(layer, c.n_init + i * c.block_size) for i, _, _ in blocks])
         votes = torch.stack([score[:, h] if h is not None else score.sum(1) for _, _, score in blocks])  # [n, B, bs]
-        # the spans and the picks are host work on 128 x 128 maps: one transfer of every leaving block's maps
-        # and votes, one of the picked indices back (per-span kernels and syncs on a GPU dominated; one
-        # transfer per block made a prefill chunk sync 2 x its blocks times per layer)
-        A, votes = S.host(maps), votes.detach().cpu()
-        picked, owner, n_spans = [], [], []
-        for j in range(len(blocks)):
-            for b in range(B):
-                spans = S.detect_spans(A[j, b], c.per_layer(c.theta_quantile, layer), c.per_layer(c.iou, layer),
-                                       c.spans_per_block, c.fill_gaps)
-                r_a = S.neighbor_ratio(A[j, b], spans, c.ratio_mode, c.ratio_area == "density")
-                counts = S.vector_counts([y - x + 1 for x, y in spans], r_a, c.lam_of(layer), c.min_vectors,
-                                         c.max_vectors, static=c.index == "static")
-                picked.append(torch.cat([top_first(tie_round(votes[j, b, x:y + 1]), n) + x
-                                         for (x, y), n in zip(spans, counts)]))
-                owner.append(torch.repeat_interleave(torch.arange(len(spans)), torch.tensor(counts)))
-                n_spans.append(len(spans))
-        sizes = [p.numel() for p in picked]
-        both = torch.stack([torch.cat(picked), torch.cat(owner)]).to(maps.device)
+        # the spans and the picks: one transfer of every leaving block's maps and votes to the host, a fixed
+        # sequence of batched operations over all of them there (methods/parts/ltri_batch.py, the reference's
+        # bits), one transfer of the picked indices back
+        if votes.dtype == maps.dtype:    # one device-to-host copy of both (fp32)
+            both = torch.cat([maps, votes.unsqueeze(2)], 2).detach().cpu().flatten(0, 1)
+            A, votes = both[:, :-1], both[:, -1]
+        else:
+            A, votes = maps.flatten(0, 1), votes.detach().cpu().flatten(0, 1)
+        cut = LB.index_maps_reference if self.reference_spans else LB.index_maps
+        picked, owner, sizes, n_spans = cut(
+            A, votes, c.per_layer(c.theta_quantile, layer),
+            c.per_layer(c.iou, layer), c.spans_per_block, c.fill_gaps, c.ratio_mode, c.ratio_area == "density",
+            c.lam_of(layer), c.min_vectors, c.max_vectors, static=c.index == "static")
+        both = torch.stack([picked, owner]).to(maps.device)
         parts = list(zip(both[0].split(sizes), both[1].split(sizes)))
         for j, (i, k, _) in enumerate(blocks):
             keys = self._space(layer, k, kv=True)                                 # [B, bs, dim]
@@ -296,9 +293,9 @@ class Ltri(InfLLM):
         causal = torch.ones(T, T, dtype=torch.bool, device=s.device).tril()
         A = torch.softmax(s.masked_fill(~causal, float("-inf")), -1).sum(1)
         n_spans = max(1, math.ceil(c.spans_per_block * T / c.block_size))
-        A = S.host(A)   # one transfer: the spans are host work (methods/parts/ltri_spans.py)
-        return [S.detect_spans(A[b], c.per_layer(c.theta_quantile, layer), c.per_layer(c.iou, layer), n_spans,
-                               c.fill_gaps) for b in range(self.batch)]
+        # one transfer; the batch rows' maps cut at once on the host (methods/parts/ltri_batch.py)
+        cut = LB.detect_spans_reference if self.reference_spans else LB.detect_spans
+        return cut(A, c.per_layer(c.theta_quantile, layer), c.per_layer(c.iou, layer), n_spans, c.fill_gaps)
 
     def block_scores(self, layer: int, q_mem: torch.Tensor) -> torch.Tensor:
         """[B, n_blocks] fp32: Eq. 9 (best Eq. 8 similarity of a block's spans over the query spans)."""
