@@ -244,13 +244,18 @@ class Ltri(InfLLM):
             rows = torch.where(col >= 0, p.gather(-1, col.clamp(min=0).unsqueeze(0).expand(self.batch, -1, -1)), 0.0)
         self.band[layer].index_copy_(1, self.new_slots, rows)
 
-    def block_map(self, layer: int, start: int) -> torch.Tensor:
-        """[B, bs, bs] attention map of the block starting at `start` (rows queries, lower triangle)."""
-        W = self.cfg.block_size
-        rows = self.band[layer].index_select(1, self.ring.slots(start, start + W))     # [B, bs, W]
+    def block_maps(self, layer: int, ids: list[int]) -> torch.Tensor:
+        """[n, B, bs, bs] attention maps of blocks `ids` (rows queries, lower triangle), in one gather (a
+        prefill chunk's leaving blocks are consecutive: one run of slots)."""
+        W, s0 = self.cfg.block_size, self.cfg.n_init + ids[0] * self.cfg.block_size
+        if ids == list(range(ids[0], ids[0] + len(ids))):
+            slots = self.ring.slots(s0, s0 + len(ids) * W)
+        else:
+            slots = torch.cat([self.ring.slots(self.cfg.n_init + i * W, self.cfg.n_init + (i + 1) * W) for i in ids])
+        rows = self.band[layer].index_select(1, slots).view(self.batch, len(ids), W, W)     # [B, n, bs, W]
         i = torch.arange(W, device=rows.device)
         d = i.view(-1, 1) - i.view(1, -1)
-        return torch.where(d >= 0, rows.gather(-1, d.clamp(min=0).unsqueeze(0).expand(rows.shape[0], -1, -1)), 0.0)
+        return torch.where(d >= 0, rows.gather(-1, d.clamp(min=0).expand(rows.shape)), 0.0).transpose(0, 1)
 
     # --- indexing a block that leaves the window -----------------------------------------------------
     def index_blocks(self, layer, blocks):
@@ -258,7 +263,7 @@ class Ltri(InfLLM):
         if layer not in self.own or not blocks:
             return
         c, h, B = self.cfg, self.own[layer], self.batch
-        maps = torch.stack([self.block_map(layer, c.n_init + i * c.block_size) for i, _, _ in blocks])
+        maps = self.block_maps(layer, [i for i, _, _ in blocks])                   # [n, B, bs, bs]
         votes = torch.stack([score[:, h] if h is not None else score.sum(1) for _, _, score in blocks])  # [n, B, bs]
         # the spans and the picks: one transfer of every leaving block's maps and votes to the host, a fixed
         # sequence of batched operations over all of them there (methods/parts/ltri_batch.py, the reference's

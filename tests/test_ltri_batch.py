@@ -79,7 +79,7 @@ def test_index_maps_equal_the_reference_at_block_size(kind):
 
 
 def test_spans_equal_the_reference_for_query_maps():
-    for seed, (n, k, fill) in enumerate([(40, 10, True), (64, 16, False), (97, 7, True), (3, 1, False)]):
+    for seed, (n, k, fill) in enumerate([(40, 10, True), (64, 16, False), (97, 7, True), (3, 1, False), (300, 16, True)]):
         for kind in ("rand", "ties", "planted"):
             A = _maps(3, n, seed, kind)
             want = [LS.detect_spans(A[i], 0.9, 0.1, k, fill) for i in range(3)]

@@ -51,6 +51,12 @@ def _prefix(A: np.ndarray, theta: np.ndarray | None = None) -> np.ndarray:
     return P
 
 
+def _host64(A: torch.Tensor) -> np.ndarray:
+    """A on the host as fp64 numpy (ltri_spans.host's values; numpy converts fp32 without torch's threads)."""
+    A = A.detach().cpu()
+    return A.numpy().astype(np.float64) if A.dtype == torch.float32 else LS.host(A).numpy()
+
+
 def quantiles(A: np.ndarray, q: float) -> np.ndarray:
     """[N] fp64: ltri_spans.quantile_low of every map: torch's ranks, the two order statistics (one
     np.partition over each map, the upper triangle as +inf), torch's lerp on one element per map (its scalar
@@ -61,8 +67,12 @@ def quantiles(A: np.ndarray, q: float) -> np.ndarray:
         return A.reshape(N, -1)[:, 0].copy()
     rank = torch.tensor([q], dtype=torch.float64) * (m - 1)
     below, above = int(rank.long()), int(rank.ceil().long())
-    part = np.partition((A + _tables(n)["tril_inf"]).reshape(N, -1), sorted({below, above}), axis=1)
-    vb, va = torch.from_numpy(part[:, below].copy()), torch.from_numpy(part[:, above].copy())
+    if m > 32768:     # a chunk's query map (few): the reference's own bracketed selection, map by map
+        low = A[:, LS._tril_mask(n)]
+        vb, va = (torch.tensor(v) for v in zip(*(LS._order_stats(row, below, above) for row in low)))
+    else:             # a stack of block maps: one partition over each, the upper triangle as +inf
+        part = np.partition((A + _tables(n)["tril_inf"]).reshape(N, -1), sorted({below, above}), axis=1)
+        vb, va = torch.from_numpy(part[:, below].copy()), torch.from_numpy(part[:, above].copy())
     if above == below:
         return vb.numpy()
     w = rank - below
@@ -140,7 +150,7 @@ def detect_spans(A: torch.Tensor, q: float, iou: float, n_spans: int, fill_gaps:
     """[ltri_spans.detect_spans(A[i], ...) for i], the maps moved to the host at once."""
     if A.shape[-1] == 0:
         return [[] for _ in range(A.shape[0])]
-    A = LS.host(A).numpy()
+    A = _host64(A)
     bad = ~np.isfinite(A).reshape(A.shape[0], -1).all(1)
     x, y, v = (t.tolist() for t in spans(np.where(bad[:, None, None], 0.0, A), q, iou, n_spans, fill_gaps))
     return [LS.detect_spans(torch.from_numpy(A[i]), q, iou, n_spans, fill_gaps) if bad[i] else
@@ -227,9 +237,9 @@ def index_maps(A: torch.Tensor, votes: torch.Tensor, q: float, iou: float, n_spa
     """Every map's index vectors, as ltri_spans.index_map gives them one map at a time: (picked, owner) flat
     over the maps in order, the per-map sizes and span counts (host lists: the one sync). A [N, n, n] and
     votes [N, n] on the host."""
-    A, votes = A.detach().cpu(), votes.detach().cpu()
-    A = torch.from_numpy(A.numpy().astype(np.float64)) if A.dtype == torch.float32 else LS.host(A)
-    An, Vn = A.numpy(), votes.numpy() if votes.dtype in (torch.float32, torch.float64) else None
+    An, votes = _host64(A), votes.detach().cpu()
+    A = torch.from_numpy(An)
+    Vn = votes.numpy() if votes.dtype in (torch.float32, torch.float64) else None
     bad = ~np.isfinite(An).reshape(An.shape[0], -1).all(1) | ~torch.isfinite(votes).all(1).numpy()
     Af = np.where(bad[:, None, None], 0.0, An)
     x, y, valid = spans(Af, q, iou, n_spans, fill_gaps)
