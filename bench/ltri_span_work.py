@@ -8,18 +8,21 @@ block) against the batched one (methods/parts/ltri_batch.py), in one process (is
   (`--chunks` per layer); random row-normalised maps, default Ltri options. Picks checked equal.
 - prefill: the whole Ltri prefill (YAML defaults, `--prompt` random tokens) of a tiny random Llama (the tests'
   shape: hidden 64, 4 heads, 2 KV heads, `--model-layers` layers), reference vs batched; logits checked equal.
-perf_counter seconds, least of `--repeat`; a shared CPU: compare the ratios of one run.
+perf_counter seconds, least of `--repeat` (the prefill: each path `--repeat` times, alternating; span_s_in_prefill:
+the seconds inside the span functions, per prefill); a shared CPU: compare the ratios of one run.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 
 import torch
 from omegaconf import OmegaConf
 
+from bench.engine import provenance
 from methods import ModelInfo, build
 from methods.ltri import Ltri, LtriConfig
 from methods.parts import ltri_batch as LB
@@ -61,7 +64,7 @@ def maps_bench(a):
     Q = Q / Q.sum(-1, keepdim=True)
     k = -(-c.spans_per_block * q // n)
     qargs = (c.theta_quantile[0], c.iou[0], k, c.fill_gaps)
-    tq_ref, qref = least(lambda: [LB.detect_spans_reference(Q[i:i + 1], *qargs) for i in range(a.chunks)], 1)
+    tq_ref, qref = least(lambda: [LB.detect_spans_reference(Q[i:i + 1], *qargs) for i in range(a.chunks)], a.repeat)
     tq_new, qnew = least(lambda: [LB.detect_spans(Q[i:i + 1], *qargs) for i in range(a.chunks)], a.repeat)
     return {"block_maps": a.layers * a.blocks, "maps_per_call": a.per_chunk, "block_map_n": n,
             "reference_s": t_ref, "batched_s": t_new, "speedup": t_ref / t_new, "same_picks": same,
@@ -82,7 +85,20 @@ def prefill_bench(a):
     info = ModelInfo.from_hf_config(model.config)
     ids = torch.randint(0, 128, (1, a.prompt), generator=torch.Generator().manual_seed(1))
     row = {"prompt": a.prompt, "model_layers": a.model_layers, "method": "ltri (conf/method/ltri.yaml)"}
-    logits = {}
+    logits, spent = {}, {}
+
+    def clocked(fn, key):          # the span work's own seconds inside the prefill (host work: perf_counter)
+        def run(*args, **kw):
+            t0 = time.perf_counter()
+            try:
+                return fn(*args, **kw)
+            finally:
+                spent[key] = spent.get(key, 0.0) + time.perf_counter() - t0
+        return run
+
+    saved = {k: getattr(LB, k) for k in ("index_maps", "index_maps_reference", "detect_spans", "detect_spans_reference")}
+    for k, fn in saved.items():
+        setattr(LB, k, clocked(fn, k))
     for ref in (True, False, True, False)[:2 * a.repeat]:
         Ltri.reference_spans = ref
         try:
@@ -98,6 +114,9 @@ def prefill_bench(a):
         row[key] = min(row.get(key, float("inf")), t)
         logits[ref] = out
         row["vectors_per_block"] = eng.method.stats().get("vectors_per_block")
+    for k, fn in saved.items():
+        setattr(LB, k, fn)
+    row["span_s_in_prefill"] = {k: v / a.repeat for k, v in spent.items()}
     row["speedup"] = row["reference_s"] / row["batched_s"]
     row["same_logits"] = bool(torch.equal(logits[True], logits[False]))
     return row
@@ -115,7 +134,7 @@ def main(argv=None):
     ap.add_argument("--skip", nargs="*", default=[], choices=["maps", "prefill"])
     ap.add_argument("--out", required=True)
     a = ap.parse_args(argv)
-    out = {"command": "python -m bench.ltri_span_work " + " ".join(argv or __import__("sys").argv[1:]),
+    out = {**provenance("bench.ltri_span_work", list(argv if argv is not None else sys.argv[1:])),
            "torch_threads": torch.get_num_threads(), "device": "cpu"}
     if "maps" not in a.skip:
         out["maps"] = maps_bench(a)

@@ -4,7 +4,8 @@ by the semantic spans their attention map shows as triangles.
 
 - The layer keeps a band of its attention map: for each recent token, the joint-softmax probability it
   gave to each of the previous block_size tokens, summed over query heads (Eq. 4).
-- When a block leaves the window its map is cut into spans (methods/parts/ltri_spans.py, on the host: triangle
+- When a block leaves the window its map is cut into spans (methods/parts/ltri_spans.py, the rules, batched over
+  a chunk's leaving blocks by methods/parts/ltri_batch.py, on the host: triangle
   scores with a baseline theta via prefix sums, one candidate per anti-diagonal, 1-D NMS with IoU phi), and each
   span keeps ceil(len * exp(-lambda (1 - r_a))) index vectors (Eq. 7): the keys of its tokens that
   received the most local attention, r_a comparing the span's triangle with its neighbours (Omega).
@@ -121,14 +122,22 @@ class LtriConfig(MemoryConfig):
 
     def span_cost(self) -> str:
         """The work the span rule adds to a prefill chunk of T queries, per indexing layer (every layer without
-        retrieval heads), beyond InfLLM's: stated, not timed (notes/kernels.md has the measured total)."""
-        T, bs = self.exc_block_size, self.block_size
-        return (f"per chunk of T={T} and indexing layer: the chunk's causal T x T map (GPU, O(T^2 Hq D)) and, for "
-                f"the T/{bs} blocks leaving the window, {bs} x {bs} maps, each moved to the host and cut into spans "
-                f"there in O(T^2 + T*{bs}) (prefix sums, anti-diagonal filter, quantile, NMS); the band of each "
-                f"token's attention to its previous {bs} (GPU, O(T (T+{bs}) Hq D)); votes of the layers up to this "
-                f"one; ~6 host syncs (query map, retrieval, the leaving blocks' maps and votes, picks). A prompt of "
-                f"n: O(n (T + {bs})) host work per layer")
+        retrieval heads), beyond InfLLM's: stated from the options, not timed (notes/kernels.md: measured)."""
+        T, bs, Q = self.exc_block_size, self.block_size, -(-self.spans_per_block * self.exc_block_size // self.block_size)
+        cells = (T + 1) ** 2 + T // bs * (bs + 1) ** 2          # the query map's and the leaving blocks' cells
+        window = self.n_local + self.n_init + self.topk * bs
+        share = 25 * cells / (4 * T * window * 4096)
+        return (f"per chunk of T={T} and indexing layer, batch row B: GPU: the chunk's causal T x T map "
+                f"(O(T^2 Hq D)), the band of each token's attention to its previous {bs} (O(T (T+{bs}) Hq D)), the "
+                f"T/{bs} leaving blocks' {bs} x {bs} maps in one gather; host (methods/parts/ltri_batch.py, numpy over "
+                f"the stack of maps, a fixed sequence of vectorised calls whatever T/{bs} and B, no Python loop per block "
+                f"but theta's 1-element lerp per map): "
+                f"~25 fp64 passes over the {cells} map cells per row (prefix sums, scores, anti-diagonal argmax, "
+                f"one partition per map for theta), {self.spans_per_block} (blocks) and {Q} (queries) batched NMS "
+                f"steps, one stable sort of the blocks' votes: <= 25 x {cells} x B element operations, "
+                f"{share:.3%} of the chunk's attention FLOPs (4 T x {window} x Hq D) at Hq D = 4096; 2 device-to-host "
+                f"copies (query maps; block maps with votes), 1 host-to-device (picks), then the retrieval's; a "
+                f"prompt of n: O(n (T + {bs}) B) host work per layer")
 
     @classmethod
     def variants(cls):

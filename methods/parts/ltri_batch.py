@@ -1,20 +1,21 @@
 """Ltri-LLM's span work over a stack of maps at once: the per-map rules of methods/parts/ltri_spans.py (the
-reference, a transcription of the paper) as a fixed sequence of batched tensor operations, whatever the
-number of maps (a prefill chunk's leaving blocks x batch rows, or a chunk's query maps):
+reference, a transcription of the paper) as a fixed sequence of vectorised numpy operations on the host, whatever
+the number of maps (a prefill chunk's leaving blocks x batch rows, or a chunk's query maps):
 
-  quantile      theta per map: two kthvalue order statistics of the lower-triangle entries and torch's lerp
-  scores        2-D prefix sums of tril(A - theta) (two cumsums), every span's triangle score from four reads
-  anti-diagonal the candidate grid as one gather [N, 2n - 1, (n + 1) // 2], tie_round on the map's grid, argmax
+  quantile      theta per map: the two order statistics torch.quantile takes (one np.partition per stack; a
+                map over 32,768 lower entries: the reference's bracketed selection), torch's lerp on one element
+  scores        2-D prefix sums of tril(A - theta) (two sequential cumsums), every span's triangle score
+  anti-diagonal the candidate grid as one take [N, 2n - 1, (n + 1) // 2], tie_round on the map's grid, argmax
   NMS           `n_spans` greedy steps over [N, 2n - 1] (argmax of the live scores, IoU against all)
   fill          cummax of the kept spans' ends: gaps and cut overlaps, as [N, 2K + 1] slots
   ratios        prefix sums of tril(A), three rectangle sums per span slot
-  counts        Eq. 7, then the budget cap in closed form (a level per map: see _cap)
-  picks         each span slot's votes tie_rounded and stably sorted as a row of the map's votes, the first
-                `count` kept: one sort over [N, slots, n]
-The same bits as the reference (tests/test_ltri_batch.py, many seeds and ties) when run on the CPU, where every
-cumsum is sequential; on a GPU the scans add in another order (and exp differs by an ulp), so a near-tie may
-resolve differently: methods/ltri.py runs this on the host, on the one transfer of a chunk's maps. Maps with a
-non-finite entry (never an attention map) go through the reference one by one.
+  counts        Eq. 7 (np.exp: math.exp's bits), then the budget cap in closed form (a level per map: _cap)
+  picks         each slot's votes tie_rounded and stably sorted as a row of the map's votes, the first `count`
+                kept: one sort over [N, slots, n]
+The same bits as the reference (tests/test_ltri_batch.py: many seeds, settings and ties): the same IEEE
+operations in the same order (cumsums sequential along the reference's axes), torch's log2 grid and scalar lerp.
+numpy, not torch: on these sizes torch's intra-op threads cost more than they save, and on a GPU the scans
+would add in another order. Maps with a non-finite entry go through the reference one by one.
 """
 from __future__ import annotations
 
