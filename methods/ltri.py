@@ -4,7 +4,8 @@ by the semantic spans their attention map shows as triangles.
 
 - The layer keeps a band of its attention map: for each recent token, the joint-softmax probability it
   gave to each of the previous block_size tokens, summed over query heads (Eq. 4).
-- When a block leaves the window its map is cut into spans (methods/parts/ltri_spans.py, on the host: triangle
+- When a block leaves the window its map is cut into spans (methods/parts/ltri_spans.py, the rules, batched over
+  a chunk's leaving blocks by methods/parts/ltri_batch.py, on the host: triangle
   scores with a baseline theta via prefix sums, one candidate per anti-diagonal, 1-D NMS with IoU phi), and each
   span keeps ceil(len * exp(-lambda (1 - r_a))) index vectors (Eq. 7): the keys of its tokens that
   received the most local attention, r_a comparing the span's triangle with its neighbours (Omega).
@@ -35,7 +36,7 @@ from common.errors import ConfigError
 from methods.base import register
 from methods.config import option
 from methods.infllm import InfLLM, MemoryConfig, _reuse
-from methods.parts import ltri_spans as S
+from methods.parts import ltri_batch as LB
 from methods.parts.selection import tie_round, top_first
 from methods.parts.stores_blocks import IndexVectors
 
@@ -121,14 +122,22 @@ class LtriConfig(MemoryConfig):
 
     def span_cost(self) -> str:
         """The work the span rule adds to a prefill chunk of T queries, per indexing layer (every layer without
-        retrieval heads), beyond InfLLM's: stated, not timed (notes/kernels.md has the measured total)."""
-        T, bs = self.exc_block_size, self.block_size
-        return (f"per chunk of T={T} and indexing layer: the chunk's causal T x T map (GPU, O(T^2 Hq D)) and, for "
-                f"the T/{bs} blocks leaving the window, {bs} x {bs} maps, each moved to the host and cut into spans "
-                f"there in O(T^2 + T*{bs}) (prefix sums, anti-diagonal filter, quantile, NMS); the band of each "
-                f"token's attention to its previous {bs} (GPU, O(T (T+{bs}) Hq D)); votes of the layers up to this "
-                f"one; ~6 host syncs (query map, retrieval, the leaving blocks' maps and votes, picks). A prompt of "
-                f"n: O(n (T + {bs})) host work per layer")
+        retrieval heads), beyond InfLLM's: stated from the options, not timed (notes/kernels.md: measured)."""
+        T, bs, Q = self.exc_block_size, self.block_size, -(-self.spans_per_block * self.exc_block_size // self.block_size)
+        cells = (T + 1) ** 2 + T // bs * (bs + 1) ** 2          # the query map's and the leaving blocks' cells
+        window = self.n_local + self.n_init + self.topk * bs
+        share = 25 * cells / (4 * T * window * 4096)
+        return (f"per chunk of T={T} and indexing layer, batch row B: GPU: the chunk's causal T x T map "
+                f"(O(T^2 Hq D)), the band of each token's attention to its previous {bs} (O(T (T+{bs}) Hq D)), the "
+                f"T/{bs} leaving blocks' {bs} x {bs} maps in one gather; host (methods/parts/ltri_batch.py, numpy over "
+                f"the stack of maps, a fixed sequence of vectorised calls whatever T/{bs} and B, no Python loop per block "
+                f"but theta's 1-element lerp per map): "
+                f"~25 fp64 passes over the {cells} map cells per row (prefix sums, scores, anti-diagonal argmax, "
+                f"one partition per map for theta), {self.spans_per_block} (blocks) and {Q} (queries) batched NMS "
+                f"steps, one stable sort of the blocks' votes: <= 25 x {cells} x B element operations, "
+                f"{share:.3%} of the chunk's attention FLOPs (4 T x {window} x Hq D) at Hq D = 4096; 2 device-to-host "
+                f"copies (query maps; block maps with votes), 1 host-to-device (picks), then the retrieval's; a "
+                f"prompt of n: O(n (T + {bs}) B) host work per layer")
 
     @classmethod
     def variants(cls):
@@ -152,6 +161,7 @@ def _lists(v):
 class Ltri(InfLLM):
     name = "ltri"
     Config = LtriConfig
+    reference_spans = False   # True: the spans map by map (ltri_spans, the reference), for parity tests and benches
 
     def __init__(self, cfg):
         super().__init__(cfg)
@@ -243,13 +253,18 @@ class Ltri(InfLLM):
             rows = torch.where(col >= 0, p.gather(-1, col.clamp(min=0).unsqueeze(0).expand(self.batch, -1, -1)), 0.0)
         self.band[layer].index_copy_(1, self.new_slots, rows)
 
-    def block_map(self, layer: int, start: int) -> torch.Tensor:
-        """[B, bs, bs] attention map of the block starting at `start` (rows queries, lower triangle)."""
-        W = self.cfg.block_size
-        rows = self.band[layer].index_select(1, self.ring.slots(start, start + W))     # [B, bs, W]
+    def block_maps(self, layer: int, ids: list[int]) -> torch.Tensor:
+        """[n, B, bs, bs] attention maps of blocks `ids` (rows queries, lower triangle), in one gather (a
+        prefill chunk's leaving blocks are consecutive: one run of slots)."""
+        W, s0 = self.cfg.block_size, self.cfg.n_init + ids[0] * self.cfg.block_size
+        if ids == list(range(ids[0], ids[0] + len(ids))):
+            slots = self.ring.slots(s0, s0 + len(ids) * W)
+        else:
+            slots = torch.cat([self.ring.slots(self.cfg.n_init + i * W, self.cfg.n_init + (i + 1) * W) for i in ids])
+        rows = self.band[layer].index_select(1, slots).view(self.batch, len(ids), W, W)     # [B, n, bs, W]
         i = torch.arange(W, device=rows.device)
         d = i.view(-1, 1) - i.view(1, -1)
-        return torch.where(d >= 0, rows.gather(-1, d.clamp(min=0).unsqueeze(0).expand(rows.shape[0], -1, -1)), 0.0)
+        return torch.where(d >= 0, rows.gather(-1, d.clamp(min=0).expand(rows.shape)), 0.0).transpose(0, 1)
 
     # --- indexing a block that leaves the window -----------------------------------------------------
     def index_blocks(self, layer, blocks):
@@ -257,26 +272,22 @@ class Ltri(InfLLM):
         if layer not in self.own or not blocks:
             return
         c, h, B = self.cfg, self.own[layer], self.batch
-        maps = torch.stack([self.block_map(layer, c.n_init + i * c.block_size) for i, _, _ in blocks])
+        maps = self.block_maps(layer, [i for i, _, _ in blocks])                   # [n, B, bs, bs]
         votes = torch.stack([score[:, h] if h is not None else score.sum(1) for _, _, score in blocks])  # [n, B, bs]
-        # the spans and the picks are host work on 128 x 128 maps: one transfer of every leaving block's maps
-        # and votes, one of the picked indices back (per-span kernels and syncs on a GPU dominated; one
-        # transfer per block made a prefill chunk sync 2 x its blocks times per layer)
-        A, votes = S.host(maps), votes.detach().cpu()
-        picked, owner, n_spans = [], [], []
-        for j in range(len(blocks)):
-            for b in range(B):
-                spans = S.detect_spans(A[j, b], c.per_layer(c.theta_quantile, layer), c.per_layer(c.iou, layer),
-                                       c.spans_per_block, c.fill_gaps)
-                r_a = S.neighbor_ratio(A[j, b], spans, c.ratio_mode, c.ratio_area == "density")
-                counts = S.vector_counts([y - x + 1 for x, y in spans], r_a, c.lam_of(layer), c.min_vectors,
-                                         c.max_vectors, static=c.index == "static")
-                picked.append(torch.cat([top_first(tie_round(votes[j, b, x:y + 1]), n) + x
-                                         for (x, y), n in zip(spans, counts)]))
-                owner.append(torch.repeat_interleave(torch.arange(len(spans)), torch.tensor(counts)))
-                n_spans.append(len(spans))
-        sizes = [p.numel() for p in picked]
-        both = torch.stack([torch.cat(picked), torch.cat(owner)]).to(maps.device)
+        # the spans and the picks: one transfer of every leaving block's maps and votes to the host, a fixed
+        # sequence of batched operations over all of them there (methods/parts/ltri_batch.py, the reference's
+        # bits), one transfer of the picked indices back
+        if votes.dtype == maps.dtype:    # one device-to-host copy of both (fp32)
+            both = torch.cat([maps, votes.unsqueeze(2)], 2).detach().cpu().flatten(0, 1)
+            A, votes = both[:, :-1], both[:, -1]
+        else:
+            A, votes = maps.flatten(0, 1), votes.detach().cpu().flatten(0, 1)
+        cut = LB.index_maps_reference if self.reference_spans else LB.index_maps
+        picked, owner, sizes, n_spans = cut(
+            A, votes, c.per_layer(c.theta_quantile, layer),
+            c.per_layer(c.iou, layer), c.spans_per_block, c.fill_gaps, c.ratio_mode, c.ratio_area == "density",
+            c.lam_of(layer), c.min_vectors, c.max_vectors, static=c.index == "static")
+        both = torch.stack([picked, owner]).to(maps.device)
         parts = list(zip(both[0].split(sizes), both[1].split(sizes)))
         for j, (i, k, _) in enumerate(blocks):
             keys = self._space(layer, k, kv=True)                                 # [B, bs, dim]
@@ -296,9 +307,9 @@ class Ltri(InfLLM):
         causal = torch.ones(T, T, dtype=torch.bool, device=s.device).tril()
         A = torch.softmax(s.masked_fill(~causal, float("-inf")), -1).sum(1)
         n_spans = max(1, math.ceil(c.spans_per_block * T / c.block_size))
-        A = S.host(A)   # one transfer: the spans are host work (methods/parts/ltri_spans.py)
-        return [S.detect_spans(A[b], c.per_layer(c.theta_quantile, layer), c.per_layer(c.iou, layer), n_spans,
-                               c.fill_gaps) for b in range(self.batch)]
+        # one transfer; the batch rows' maps cut at once on the host (methods/parts/ltri_batch.py)
+        cut = LB.detect_spans_reference if self.reference_spans else LB.detect_spans
+        return cut(A, c.per_layer(c.theta_quantile, layer), c.per_layer(c.iou, layer), n_spans, c.fill_gaps)
 
     def block_scores(self, layer: int, q_mem: torch.Tensor) -> torch.Tensor:
         """[B, n_blocks] fp32: Eq. 9 (best Eq. 8 similarity of a block's spans over the query spans)."""

@@ -32,7 +32,7 @@ import math
 import numpy as np
 import torch
 
-from methods.parts.selection import tie_round
+from methods.parts.selection import tie_round, top_first
 
 
 def host(A: torch.Tensor) -> torch.Tensor:
@@ -255,3 +255,15 @@ def vector_counts(lengths: list[int], r_a: list[float], lam: float, vmin: int, b
         i = max(cand, key=lambda j: (counts[j], j))
         counts[i] -= 1
     return counts
+
+
+def index_map(A: torch.Tensor, votes: torch.Tensor, q: float, iou: float, n_spans: int, fill_gaps: bool, mode: str,
+              density: bool, lam: float, vmin: int, budget: int, static: bool = False):
+    """One map's index vectors (the reference: methods/parts/ltri_batch.py does a stack of maps at once):
+    (picked token indices, their span's index, span count); each span keeps the tokens its votes (attention
+    received, tie_rounded over the span) rank first, ties to the earlier token."""
+    spans = detect_spans(A, q, iou, n_spans, fill_gaps)
+    r_a = neighbor_ratio(A, spans, mode, density)
+    counts = vector_counts([y - x + 1 for x, y in spans], r_a, lam, vmin, budget, static)
+    picked = torch.cat([top_first(tie_round(votes[x:y + 1]), k) + x for (x, y), k in zip(spans, counts)])
+    return picked, torch.repeat_interleave(torch.arange(len(spans)), torch.tensor(counts)), len(spans)
