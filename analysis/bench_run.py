@@ -24,6 +24,8 @@ TACTIC_CODE = ENGINE_CODE + ("bench/tactic.py", "methods/tactic.py", "methods/pa
                              "methods/tidal.py")
 MULTIGPU_CODE = ENGINE_CODE + ("bench/multigpu.py", "runners/pipeline.py", "runners/pipeline_graphs.py",
                                "runners/placement.py", "runners/plan.py", "methods/tidal.py", "methods/quest.py")
+LTRI_SPAN_CODE = ("bench/ltri_span_work.py", "methods/ltri.py", "methods/parts/ltri_spans.py", "methods/parts/ltri_batch.py",
+                  "methods/infllm.py")
 # Benchmark files that no catalogue item renders but the README or an issue's bar quotes (engine vs HF
 # StaticCache; bounded-cache decode at 1M vs full at the cache size; Tactic's clustering cost and decode).
 HARNESS_FILES = [
@@ -53,6 +55,10 @@ HARNESS_FILES = [
                                              "--devices 2")))],
     BenchFile("engine_smollm2_cpu.json", "python -m bench.engine --lengths 4096 --steps 16 --repeat 1", ENGINE_CODE,
               gpu=False),
+    # issue 33/34: Ltri-LLM's span work (host, fp64) batched vs the per-map reference, in one process
+    *[BenchFile(name, f"python -m bench.ltri_span_work {args}", LTRI_SPAN_CODE, gpu=False) for name, args in (
+        ("ltri_span_work_cpu.json", "--prompt 8192"),
+        ("ltri_span_work_prefill_cpu.json", "--skip maps --prompt 8192 --repeat 2"))],
 ]
 
 

@@ -445,3 +445,11 @@ results/bench/multigpu_llama3_256k_h100x2.json: | install
 # python -m bench.engine --lengths 4096 --steps 16 --repeat 1 --out $@
 results/bench/engine_smollm2_cpu.json: | install
 	$(ANALYSIS) bench engine_smollm2_cpu.json --force
+
+# python -m bench.ltri_span_work --prompt 8192 --out $@
+results/bench/ltri_span_work_cpu.json: | install
+	$(ANALYSIS) bench ltri_span_work_cpu.json --force
+
+# python -m bench.ltri_span_work --skip maps --prompt 8192 --repeat 2 --out $@
+results/bench/ltri_span_work_prefill_cpu.json: | install
+	$(ANALYSIS) bench ltri_span_work_prefill_cpu.json --force
