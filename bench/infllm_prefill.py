@@ -166,9 +166,15 @@ def main(argv=None):
         if args.profile:
             print(row["top"], flush=True)
         eng.close()
-    if args.out:
+    if args.out:   # the one command and its commit recorded by the script, not added afterwards
+        import sys
+
+        from bench.engine import provenance
+        from runners.results import environment
+        argv = sys.argv[1:] if argv is None else list(argv)
         with open(args.out, "w") as f:
-            json.dump(rows, f, indent=1)
+            json.dump({**provenance("bench.infllm_prefill", argv), "environment": environment(), "rows": rows},
+                      f, indent=1)
 
 
 if __name__ == "__main__":
