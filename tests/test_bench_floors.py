@@ -165,3 +165,44 @@ def test_every_method_loop_records_failures_skips_and_ratios(tmp_path, monkeypat
     assert rows[("ltri", 16384)]["status"] == "skipped" and "projected prefill" in rows[("ltri", 16384)]["error"]
     assert rows[("lychee", 4096)]["heads"].startswith("random:0:24") and d["command"].startswith(
         "python -m bench.every_method")
+
+
+def test_every_method_file_survives_a_cut_call(tmp_path, monkeypatch):
+    """The file is rewritten after every row: a call killed mid-run (the device's time limit) leaves the rows
+    that ran, every other (method, cell) a skipped row saying so, `complete` false; a whole run says true."""
+    import json
+
+    from bench import every_method as em
+
+    class Cut(BaseException):     # what a kill looks like to the loop: nothing it catches
+        pass
+
+    calls = {"n": 0, "cut_at": None}
+
+    def fake_cell(model, info, cfg, ids, warmup, steps, timer, device):
+        calls["n"] += 1
+        if calls["cut_at"] is not None and calls["n"] >= calls["cut_at"]:
+            raise Cut()
+        return {"prefill_s": 1.0, "decode_ms": 10.0 if cfg["name"] == "full" else 5.0, "graphs": True,
+                "attended_mean": None}
+
+    monkeypatch.setattr(em, "load_bench_model", lambda m, w: (torch.nn.Linear(2, 2), LLAMA3, torch.device("cpu"),
+                                                              torch.bfloat16))
+    monkeypatch.setattr(em, "run_cell", fake_cell)
+    monkeypatch.setattr(em.floors, "weight_bytes", lambda model, elt: 15e9)
+    monkeypatch.setattr(em.torch, "randint", lambda lo, hi, shape, generator=None: torch.zeros(shape, dtype=torch.long))
+    out = tmp_path / "e.json"
+    names = ["full", "quest", "tova", "h2o"]
+    warm_calls = 2 * len(names)                 # two short runs per method before the cell
+    calls["cut_at"] = warm_calls + 3            # full and one method ran at the cell, the third is cut
+    with pytest.raises(Cut):
+        em.main(["--cells", "4096x1", "--methods", *names, "--out", str(out)])
+    d = json.loads(out.read_text())
+    assert d["complete"] is False and len(d["rows"]) == len(names)
+    ran = [r for r in d["rows"] if r["status"] == "ok"]
+    assert ran[0]["method"] == "full" and len(ran) == 2 and ran[1]["speedup_vs_full"] == 2.0
+    assert all("call ended before this row" in r["error"] for r in d["rows"] if r["status"] != "ok")
+    calls.update(n=0, cut_at=None)
+    em.main(["--cells", "4096x1", "--methods", *names, "--out", str(out)])
+    d = json.loads(out.read_text())
+    assert d["complete"] is True and all(r["status"] == "ok" for r in d["rows"]) and not (tmp_path / "e.part").exists()

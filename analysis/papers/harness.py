@@ -96,7 +96,9 @@ def header(item, impl, sources) -> str:
              f"{d.get('peak_note', '')}."),
              (f"Cells run in order; in each, full attention first (the file says in which order the others ran); a cell whose projected prefill would end past "
              f"the run's time budget ({d.get('time_budget_s', '?')} s, the env BENCH_TIME_BUDGET) is **skipped** "
-             f"({skipped} here), a failure is a row with its error. Whole run: {d.get('elapsed_s', 0):.0f} s.")]
+             f"({skipped} here), a failure is a row with its error. Whole run: {d.get('elapsed_s', 0):.0f} s."
+             + "".join(f" {s.name} ended before its last row (the call's time limit): the rows it did not reach are "
+                       "skipped." for s in sources if s.data and s.data.get("complete") is False))]
     return "\n".join(lines) + "\n" + provenance.markdown(sources)
 
 
