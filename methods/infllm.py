@@ -24,7 +24,7 @@ import torch
 
 from kernels.lse import decode_attention_lse, merge_attention, sparse_decode_tokens_lse
 from kernels.memory_decode import two_part_decode_lse, two_part_workspace
-from kernels.memory_prefill import memory_positions, two_part_prefill_lse
+from kernels.memory_prefill import two_part_prefill_lse
 from kernels.window import FAR, window_mass
 from methods.base import Method, Step, register
 from methods.parts.infllm_config import InfLLMConfig, MemoryConfig  # noqa: F401 (methods/ltri.py's)
@@ -40,6 +40,7 @@ from methods.parts.infllm_device import (
     reuse as _reuse,  # methods/ltri.py's too
 )
 from methods.parts.infllm_host import HostPath
+from methods.parts.infllm_stage import SlotStage
 from methods.parts.selection import top_first
 from methods.parts.stores_blocks import BlockMemory, WindowRing
 
@@ -89,18 +90,15 @@ class InfLLM(HostPath, Method):
             self.pending.allocate(L, batch, Hq, c.n_local, device)
             self.buf_k = self.buf_v = None
             width = c.n_init + c.topk * c.block_size + c.block_size    # a decode step's memory index
-            # offloaded: the step's memory rows staged on the device, one buffer for every layer (each layer
-            # stages and attends before the next); the decode kernel reads it through an identity index
-            self.stage_k = self.stage_v = self.stage_index = None
+            self.stage = None   # offloaded: the memory staged on the device per layer, InfLLM's slot reuse
             if self.offloaded:
-                shape = (batch, Hkv, self.buf_cap, D)
-                self.stage_k = _reuse(getattr(self, "stage_k", None), shape, dtype, device)
-                self.stage_v = _reuse(getattr(self, "stage_v", None), shape, dtype, device)
-                self.stage_index = torch.arange(width, dtype=torch.int32, device=device).view(1, 1, width)
+                self.stage = getattr(self, "stage", None) or SlotStage()
+                self.stage.allocate(L, batch, Hkv, self.units, c.n_init, c.topk, c.block_size, self.buf_cap, D,
+                                    device, dtype)
             self.partials = two_part_workspace(batch, Hq, D, [(Hkv, c.n_local), (Hkv, width)], device,
                                                getattr(self, "partials", None))
         else:
-            self.store = self.pending = self.partials = self.stage_k = self.stage_v = self.stage_index = None
+            self.store = self.pending = self.partials = self.stage = None
             self.buf_k = _reuse(getattr(self, "buf_k", None), (L, batch, Hkv, self.buf_cap, D), dtype, device)
             self.buf_v = _reuse(getattr(self, "buf_v", None), (L, batch, Hkv, self.buf_cap, D), dtype, device)
         self.scratch = _reuse(getattr(self, "scratch", None), (batch, Hq, self.ring_size), torch.float32, device)
@@ -131,7 +129,7 @@ class InfLLM(HostPath, Method):
         if getattr(self, "partials", None) is not None:
             extra.update(partials_op=self.partials[0], partials_lp=self.partials[1])
         if self.offloaded:
-            extra.update(stage_k=self.stage_k, stage_v=self.stage_v, stage_index=self.stage_index)
+            extra.update(self.stage.buffers())
         return {**self.ring.buffers(), **self.memory.buffers(), "buf_k": self.buf_k, "buf_v": self.buf_v,
                 "scratch": self.scratch, **extra, **self.index_buffers()}
 
@@ -195,7 +193,8 @@ class InfLLM(HostPath, Method):
         self.pending.prepare(self.first, self.ring_size)
         if not decode:      # a prefill chunk's kernel reads the block ids (no token index)
             return
-        self.layout = MemoryLayout(self.geo, c.n_init, c.block_size, width, Hkv, self.store.k.shape[3], dev)
+        self.layout = self.stage.layout(self.geo, width, dev) if self.offloaded else \
+            MemoryLayout(self.geo, c.n_init, c.block_size, width, Hkv, self.store.k.shape[3], dev)
         a, n = self.first, c.n_local
         lpos = a - torch.arange(n, device=a.device)
         self.local_pos, self.local_valid, self.rem_slots = lpos, lpos >= 0, None
@@ -217,17 +216,21 @@ class InfLLM(HostPath, Method):
             if not decode:
                 self.pending.clear(layer)
             self.store.write(layer, pos, k, v)
+            if self.offloaded:
+                self.stage.write_sinks(layer, pos, k, v)
         ring.write(layer, self.new_slots, k, k_rot, v)
         self.q_rot = q_rot                          # the step's queries at their positions (Ltri's query spans)
         q_mem = rope.apply(q, self.mem_angle)  # every query at the one memory distance
         if self.device_path:
             ids, counts = self._selected[layer] = self.select_device(layer, q_mem)
             if decode:   # token positions for the split kernel; a prefill chunk's kernel reads the block ids
-                m_index, m_counts = self.layout.index(ids, counts)
                 k2, v2 = self.store.k[layer], self.store.v[layer]
-                if self.offloaded:   # the rows from host memory into the staging buffer, read in order there
-                    self.store.stage(layer, m_index, m_counts, self.stage_k, self.stage_v)
-                    k2, v2, m_index = self.stage_k, self.stage_v, self.stage_index.expand(m_index.shape)
+                if self.offloaded:   # new blocks from host memory into their slots; columns of the buffer
+                    m_index, m_counts = self.stage.decode(layer, self.store, ring.k_raw[layer], ring.v[layer], ids,
+                                                          counts, self.geo, self.ring_size, self.layout)
+                    k2, v2 = self.stage.k[layer], self.stage.v[layer]
+                else:
+                    m_index, m_counts = self.layout.index(ids, counts)
         else:
             n_mem = self.fill_memory(layer, q_mem)
         if decode:
@@ -261,7 +264,8 @@ class InfLLM(HostPath, Method):
                            g.init_len + nsel * c.block_size + g.rem_len)
                 k2, v2, p2, mem = self.store.k[layer], self.store.v[layer], None, {"blocks2": blocks2}
                 if self.offloaded:   # [sinks | blocks | remainder] staged from host memory, as the host path lays it
-                    (k2, v2, p2), mem = self.stage_prefill(layer, blocks2), {}
+                    n = self.stage.prefill(layer, self.store, blocks2)
+                    k2, v2, p2, mem = self.stage.k[layer, :, :, :n], self.stage.v[layer, :, :, :n], self.memory_pos(n), {}
             else:
                 k2, v2, p2, mem = self.buf_k[layer, :, :, :n_mem], self.buf_v[layer, :, :, :n_mem], \
                     self.memory_pos(n_mem), {}
@@ -279,15 +283,6 @@ class InfLLM(HostPath, Method):
         if not step.graphed:      # graphed decode: the engine's host hooks form blocks (correction_span)
             self.after_step(layer, q_mem)
         return out
-
-    def stage_prefill(self, layer: int, blocks2: tuple):
-        """(k, v, positions [B, n]) of a prefill chunk's memory staged from the host store: the rows at
-        memory_positions (the blocks2 kernel's formula), positions as the host path's (0: out of every window)."""
-        n_mem = blocks2[-1]
-        pos = memory_positions(blocks2[0], self.info.num_kv_heads, *blocks2[1:])
-        cnt = torch.full(pos.shape[:2], n_mem, dtype=torch.int32, device=pos.device)
-        self.store.stage(layer, pos, cnt, self.stage_k, self.stage_v)
-        return self.stage_k[:, :, :n_mem], self.stage_v[:, :, :n_mem], self.memory_pos(n_mem)
 
     def select_device(self, layer: int, q_mem: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Retrieval on the device (resident): (ids int32 [B, units, k] in block order, counts [B, units])."""
@@ -365,16 +360,10 @@ class InfLLM(HostPath, Method):
         self.reprs[layer, :, i0:i0 + n] = rep.to(self.reprs.dtype)
 
     correction_span = form_due
-
-    def before_decode(self, seq_len: int) -> None:
-        """The engine's host hook before every decode step, graphed ones too: form what is due, count what the
-        step stages (host ints: the geometry of position seq_len)."""
-        self.form_due(seq_len)
-        if self.offloaded and self.info is not None:
-            self.count_staged(seq_len, 1)
+    before_decode = form_due
 
     def count_staged(self, a: int, T: int) -> None:
-        """Offloaded device path: rows and blocks a step at positions a.. stages (per sequence and KV head)."""
+        """Offloaded device path, a prefill chunk: rows and blocks it stages (per sequence and KV head)."""
         rows, blocks = staged(Geometry.of(a, T, self.cfg.n_init, self.cfg.n_local, self.cfg.block_size), self.cfg)
         self.staged_rows += self.info.num_layers * rows
         self.staged_blocks += self.info.num_layers * blocks
@@ -387,11 +376,15 @@ class InfLLM(HostPath, Method):
                     "device_cache_bytes": (self.store if self.device_path else m).device_bytes(),
                     "host_bytes": m.host_bytes()})
         out["path"] = self.cfg.path
-        if self.offloaded:   # every token is written to host memory once; a step's memory is staged whole
-            row = self.batch * self.info.num_kv_heads * self.info.head_dim * 2 * self.store.k.element_size()
-            out.update({"block_loads": self.staged_blocks * self.batch, "staged_bytes": self.staged_rows * row,
+        if self.offloaded:   # prefill chunks stage their memory whole; decode steps only the blocks new to a slot
+            Hkv, c = self.info.num_kv_heads, self.cfg
+            row = self.info.head_dim * 2 * self.store.k.element_size()   # one token's k and v of one KV head
+            moved = int(self.stage.moved.item())                         # per (sequence, retrieval unit), all layers
+            heads = 1 if c.per_head else Hkv
+            out.update({"block_loads": self.staged_blocks * self.batch * self.units + moved,
+                        "staged_bytes": (self.staged_rows * self.batch * Hkv + moved * c.block_size * heads) * row,
                         "block_stores": 0, "host_pinned": self.store.pinned, "host_bytes": self.store.host_bytes(),
-                        "device_cache_bytes": sum(t.numel() * t.element_size() for t in (self.stage_k, self.stage_v))})
+                        "device_cache_bytes": self.stage.device_bytes()})
         if self.needle is not None:
             out["needle_recall"] = {layer: [round(x, 4) for x in v] for layer, v in self.recall.items()}
         return out

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kernels.memory_stage import gather_rows, scatter_rows
+from kernels.memory_stage import scatter_rows
 from kernels.topk import topk_positions
 
 
@@ -41,8 +41,9 @@ def reuse(t, shape, dtype, device) -> torch.Tensor:
 class PositionalStore:
     """Un-rotated keys and values of every token at its absolute position: [L, B, Hkv, capacity, D]. On the
     device (offload=false), or in host memory (offload=true): pinned on CUDA, where kernels/memory_stage.py
-    writes the step's rows into it and gathers a step's memory rows out of it through unified addressing
-    (no host sync; CUDA-graph captured); a plain CPU tensor on the CPU; the meta device stays meta."""
+    writes the step's rows into it, and methods/parts/infllm_stage.py gathers a step's memory out of it,
+    through unified addressing (no host sync; CUDA-graph captured); a plain CPU tensor on the CPU. On the
+    meta device (a probe of the device storage a method declares) the host store is declared with 0 rows."""
 
     def __init__(self):
         self.k = self.v = None
@@ -53,7 +54,9 @@ class PositionalStore:
     def allocate(self, layers, batch, kv_heads, capacity, head_dim, device, dtype, *, host: bool = False) -> None:
         device = torch.device(device)
         shape = (layers, batch, kv_heads, max(1, capacity), head_dim)
-        where = torch.device("cpu") if host and device.type != "meta" else device   # meta: a storage probe
+        where = torch.device("cpu") if host and device.type != "meta" else device
+        if host and device.type == "meta":   # a probe of device storage (runners/plan.py): none of it is
+            shape = (layers, batch, kv_heads, 0, head_dim)
         if _same(self.k, shape, dtype, where) and self.host == host:
             return
         self.release()
@@ -70,16 +73,16 @@ class PositionalStore:
             torch.cuda.cudart().cudaHostUnregister(self._registered[1])
             self._registered = None
 
+    def __del__(self):   # unregistered before the memory is freed (a later registration could overlap it)
+        if getattr(self, "_registered", None) is not None and torch.cuda.is_initialized():
+            self.release()
+
     def write(self, layer, positions, k, v) -> None:
         if self.host:
             scatter_rows(self.k[layer], self.v[layer], positions, k, v)
         else:
             self.k[layer].index_copy_(2, positions, k)
             self.v[layer].index_copy_(2, positions, v)
-
-    def stage(self, layer, index, counts, out_k, out_v) -> None:
-        """out[b, h, j] = the rows at index[b, h, j] for j < counts[b, h] (kernels.memory_stage.gather_rows)."""
-        gather_rows(out_k, out_v, self.k[layer], self.v[layer], index, counts)
 
     def buffers(self) -> dict[str, torch.Tensor]:
         return {"store_k": self.k, "store_v": self.v}
