@@ -68,7 +68,7 @@ def _run(offload: bool, context: int, decode: int = 8, path: str = "host"):
 
 def test_offload_holds_less_device_memory_flat_in_context_same_outputs():
     on_16k, reprs_16k, out_on, m_on = _run(True, 16384)
-    off_16k, _, out_off, m_off = _run(False, 16384)
+    off_16k, _, out_off, m_off = _run(False, 16384, path="device")   # all on the GPU (the resident path)
     assert (out_on - out_off).abs().max().item() <= 2e-2          # same attention, bf16
     assert m_on.memory.transfers > 0 and m_on.memory.host_k[0].is_pinned()
     kv_block = 2 * INFO.num_layers * 8 * 128 * 128 * 2            # bytes of one block (k and v) for all layers
@@ -88,7 +88,8 @@ def test_device_path_offload_holds_less_device_memory_flat_in_context_same_outpu
     off_16k, _, out_off, m_off = _run(False, 16384, path="device")
     assert (out_on - out_off).abs().max().item() <= 2e-2           # the same rows, read from a staging copy
     assert m_on.store.k.is_pinned() and m_on.stats()["staged_bytes"] > 0 and m_off.store.host_bytes() == 0
-    assert off_16k - on_16k >= 0.9 * m_on.store.host_bytes()
+    # the store left the GPU; the per-layer staging buffer came (InfLLM's slots: n_init + (topk + 1) blocks + a chunk)
+    assert off_16k - on_16k >= 0.9 * (m_on.store.host_bytes() - m_on.stage.device_bytes())
     on_64k, reprs_64k, _, m64 = _run(True, 65536, path="device")
     assert (on_64k - reprs_64k) - (on_16k - reprs_16k) <= 4 << 20
     assert m64.store.host_bytes() >= 65536 * 2 * INFO.num_layers * 8 * 128 * 2
