@@ -15,8 +15,9 @@ positions n_init + b*block_size ..); retrieval returns every block while there a
 block score is the inner product of the concatenated per-head representatives with the concatenated
 chunk-mean query (the sum of per-head logits); representatives are chosen per query head from the
 local attention each token received under the joint (local + memory) softmax, summed over queries;
-the GPU cache is LRU as in ContextManager.remove_lru_blocks. Scores accumulate in fp32 (InfLLM: the
-model dtype).
+the host path's GPU cache is LRU as in ContextManager.remove_lru_blocks, and the offloaded device path
+keeps InfLLM's buffer slots (a block already staged stays). Scores accumulate in fp32 (InfLLM: the model
+dtype).
 """
 from __future__ import annotations
 

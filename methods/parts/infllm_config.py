@@ -23,9 +23,10 @@ class MemoryConfig(MethodConfig):
                                    "per layer and sequence kept on the GPU, evicted least recently used; the "
                                    "device path (evidence none) has no cache and does not read it", min=1)
     offload: bool = option(True, "true: every token's key and value in host memory (pinned on CUDA). With evidence "
-                           "none the device path: retrieval on the GPU, each step's memory rows (sinks, topk "
-                           "blocks, remainder) gathered from host memory into a GPU staging buffer by a kernel "
-                           "(unified addressing: no host sync, decode CUDA-graph captured), device memory flat "
+                           "none the device path: retrieval on the GPU; a layer's retrieved blocks are gathered from "
+                           "host memory into its GPU staging slots by a kernel when they are new to them "
+                           "(InfLLM's buffer reuse; sinks kept on the GPU, the remainder taken from the window; "
+                           "unified addressing: no host sync, decode CUDA-graph captured); device memory flat "
                            "in the context. With an evidence option the host path: retrieval synced to the "
                            "host every layer, max_cached_block blocks LRU-cached on the GPU. false: every token "
                            "stays on the GPU (the device path with nothing moved)")
@@ -81,9 +82,10 @@ class MemoryConfig(MethodConfig):
                               "; the chunk's memory rows staged from host memory" if self.offload else ""),
                 "offload": (f"host memory, {self.max_cached_block} blocks GPU-cached (LRU); retrieval synced to the "
                             f"host every layer") if host and self.offload else
-                ("host memory (pinned), every step's memory rows staged on the GPU, n_init + topk * block_size + "
-                 "the remainder per layer and KV head (max_cached_block unused); retrieval on the device, decode "
-                 "CUDA-graph captured") if self.offload
+                ("host memory (pinned); per layer a GPU staging buffer of n_init + topk blocks + the remainder, "
+                 "a decode step gathering only the retrieved blocks new to its slots (<= topk * block_size rows "
+                 "per KV head), a prefill chunk its whole memory (max_cached_block unused); retrieval on the "
+                 "device, decode CUDA-graph captured") if self.offload
                 else "none (every token on the GPU)" + ("" if host else "; retrieval on the device, decode "
                                                         "CUDA-graph captured"),
                 "dense_layers": 0}
