@@ -15,8 +15,9 @@ positions n_init + b*block_size ..); retrieval returns every block while there a
 block score is the inner product of the concatenated per-head representatives with the concatenated
 chunk-mean query (the sum of per-head logits); representatives are chosen per query head from the
 local attention each token received under the joint (local + memory) softmax, summed over queries;
-the GPU cache is LRU as in ContextManager.remove_lru_blocks. Scores accumulate in fp32 (InfLLM: the
-model dtype).
+the host path's GPU cache is LRU as in ContextManager.remove_lru_blocks, and the offloaded device path
+keeps InfLLM's buffer slots (a block already staged stays). Scores accumulate in fp32 (InfLLM: the model
+dtype).
 """
 from __future__ import annotations
 
@@ -34,11 +35,13 @@ from methods.parts.infllm_device import (
     PendingMass,
     PositionalStore,
     select_blocks,
+    staged,
 )
 from methods.parts.infllm_device import (
     reuse as _reuse,  # methods/ltri.py's too
 )
 from methods.parts.infllm_host import HostPath
+from methods.parts.infllm_stage import SlotStage
 from methods.parts.selection import top_first
 from methods.parts.stores_blocks import BlockMemory, WindowRing
 
@@ -52,11 +55,13 @@ class InfLLM(HostPath, Method):
 
     def __init__(self, cfg):
         super().__init__(cfg)
-        # offload=false keeps every token on the device and retrieves there (methods/parts/infllm_device.py):
-        # the decode step is static-shape, sync-free and idempotent at a position. The needle options
-        # (evidence) edit and record retrievals on the host, so they take the host path.
-        self.resident = not self.cfg.offload and self.cfg.evidence == "none"
-        self.graph_safe = self.decode_idempotent = self.resident
+        # The device path (methods/parts/infllm_device.py): every token in a positional store, retrieval on
+        # the device, the decode step static-shape, sync-free and idempotent at a position. offload=false keeps
+        # the store on the GPU; offload=true in pinned host memory, a step's memory rows gathered into a device
+        # staging buffer (kernels/memory_stage.py). The needle options (evidence) edit and record retrievals on
+        # the host, so they take the host path (methods/parts/infllm_host.py: LRU cache, max_cached_block).
+        self.device_path, self.offloaded = self.cfg.path.startswith("device"), self.cfg.path == "device, offloaded"
+        self.graph_safe = self.decode_idempotent = self.device_path
 
     @property
     def prefill_chunk(self):
@@ -74,21 +79,27 @@ class InfLLM(HostPath, Method):
         self.max_blocks = max(0, max_len - c.n_init - c.n_local) // c.block_size
         self.memory = getattr(self, "memory", None) or BlockMemory()
         # resident: the blocks are the positional store's rows; BlockMemory keeps a token allocation
-        self.memory.allocate(L, batch, Hkv, c.block_size, D, 0 if self.resident else self.max_blocks,
-                             offload=c.offload, budget=c.max_cached_block, device=device, dtype=dtype)
+        self.memory.allocate(L, batch, Hkv, c.block_size, D, 0 if self.device_path else self.max_blocks,
+                             offload=c.offload and not self.device_path, budget=c.max_cached_block, device=device,
+                             dtype=dtype)
         self.units = Hkv if c.per_head else 1
         self.buf_cap = c.n_init + c.topk * c.block_size + c.block_size + self.largest_chunk()
-        if self.resident:
+        if self.device_path:
             self.store = getattr(self, "store", None) or PositionalStore()
-            self.store.allocate(L, batch, Hkv, max_len, D, device, dtype)
+            self.store.allocate(L, batch, Hkv, max_len, D, device, dtype, host=self.offloaded)
             self.pending = getattr(self, "pending", None) or PendingMass()
             self.pending.allocate(L, batch, Hq, c.n_local, device)
             self.buf_k = self.buf_v = None
             width = c.n_init + c.topk * c.block_size + c.block_size    # a decode step's memory index
+            self.stage = None   # offloaded: the memory staged on the device per layer, InfLLM's slot reuse
+            if self.offloaded:
+                self.stage = getattr(self, "stage", None) or SlotStage()
+                self.stage.allocate(L, batch, Hkv, self.units, c.n_init, c.topk, c.block_size, self.buf_cap, D,
+                                    device, dtype)
             self.partials = two_part_workspace(batch, Hq, D, [(Hkv, c.n_local), (Hkv, width)], device,
                                                getattr(self, "partials", None))
         else:
-            self.store = self.pending = self.partials = None
+            self.store = self.pending = self.partials = self.stage = None
             self.buf_k = _reuse(getattr(self, "buf_k", None), (L, batch, Hkv, self.buf_cap, D), dtype, device)
             self.buf_v = _reuse(getattr(self, "buf_v", None), (L, batch, Hkv, self.buf_cap, D), dtype, device)
         self.scratch = _reuse(getattr(self, "scratch", None), (batch, Hq, self.ring_size), torch.float32, device)
@@ -97,6 +108,7 @@ class InfLLM(HostPath, Method):
         self.buf_blocks = [[[[None] * c.topk for _ in range(self.units)] for _ in range(batch)] for _ in range(L)]
         self._selected = [None] * L       # the last retrieval per layer: [B][units][ids] or (ids, counts)
         self.formed_blocks = 0            # blocks formed (identical for every layer after a step)
+        self.staged_rows = self.staged_blocks = 0   # offloaded device path: per sequence and KV head, all layers
         # [(start, end)] per sequence from set_samples, which the run loop calls just before the engine's
         # reset: kept when it is for this batch (setup clearing it dropped every recall of a real run)
         needle = getattr(self, "needle", None)
@@ -111,12 +123,14 @@ class InfLLM(HostPath, Method):
         """Block index keys: one representative per (block, query head)."""
         shape = (info.num_layers, batch, max(1, self.max_blocks), info.num_heads, info.head_dim)
         # resident: fp32, so the device retrieval reads them without an fp32 copy of every layer's index
-        self.reprs = _reuse(getattr(self, "reprs", None), shape, torch.float32 if self.resident else dtype, device)
+        self.reprs = _reuse(getattr(self, "reprs", None), shape, torch.float32 if self.device_path else dtype, device)
 
     def buffers(self):
-        extra = {**self.store.buffers(), **self.pending.buffers()} if self.resident else {}
+        extra = {**self.store.buffers(), **self.pending.buffers()} if self.device_path else {}
         if getattr(self, "partials", None) is not None:
             extra.update(partials_op=self.partials[0], partials_lp=self.partials[1])
+        if self.offloaded:
+            extra.update(self.stage.buffers())
         return {**self.ring.buffers(), **self.memory.buffers(), "buf_k": self.buf_k, "buf_v": self.buf_v,
                 "scratch": self.scratch, **extra, **self.index_buffers()}
 
@@ -146,10 +160,12 @@ class InfLLM(HostPath, Method):
         self.new_slots = step.positions % self.ring_size
         self.q_pos = self.ring_pos = None   # prefill only: no undeclared tensor lives into a graphed decode
         self._mem_pos = {}
-        if self.resident:
-            self.begin_resident(step)
+        if self.device_path:
+            self.begin_device(step)
             if step.phase == "decode":
                 return
+            if self.offloaded:
+                self.count_staged(a, T)
         lo = max(0, a - c.n_local + 1)
         if step.phase != "decode":   # the prefill kernels' positions, once per step: queries [B, T], ring slots
             last, R = a + T - 1, self.ring_size
@@ -166,7 +182,7 @@ class InfLLM(HostPath, Method):
                 self.batch, self.info.num_kv_heads, n).contiguous()
             self.local_counts = torch.full((self.batch, self.info.num_kv_heads), n, dtype=torch.int32, device=dev)
 
-    def begin_resident(self, step):
+    def begin_device(self, step):
         """The step's memory geometry; in decode everything from the device position (graph-safe): the
         local window newest first (column j = distance j, the valid ones a prefix)."""
         c, B, Hkv = self.cfg, self.batch, self.info.num_kv_heads
@@ -178,7 +194,8 @@ class InfLLM(HostPath, Method):
         self.pending.prepare(self.first, self.ring_size)
         if not decode:      # a prefill chunk's kernel reads the block ids (no token index)
             return
-        self.layout = MemoryLayout(self.geo, c.n_init, c.block_size, width, Hkv, self.store.k.shape[3], dev)
+        self.layout = self.stage.layout(self.geo, width, dev) if self.offloaded else \
+            MemoryLayout(self.geo, c.n_init, c.block_size, width, Hkv, self.store.k.shape[3], dev)
         a, n = self.first, c.n_local
         lpos = a - torch.arange(n, device=a.device)
         self.local_pos, self.local_valid, self.rem_slots = lpos, lpos >= 0, None
@@ -194,27 +211,35 @@ class InfLLM(HostPath, Method):
         pos = step.positions
         q_rot, k_rot = rope.apply(q, pos), rope.apply(k, pos)
         ring, decode = self.ring, step.phase == "decode"
-        if self.resident:   # the last decode step's local mass first (PendingMass), then this step's keys
+        if self.device_path:   # the last decode step's local mass first (PendingMass), then this step's keys
             if decode or self.pending.held:
                 self.pending.fold(layer, ring.score[layer])
             if not decode:
                 self.pending.clear(layer)
             self.store.write(layer, pos, k, v)
+            if self.offloaded:
+                self.stage.write_sinks(layer, pos, k, v)
         ring.write(layer, self.new_slots, k, k_rot, v)
         self.q_rot = q_rot                          # the step's queries at their positions (Ltri's query spans)
         q_mem = rope.apply(q, self.mem_angle)  # every query at the one memory distance
-        if self.resident:
+        if self.device_path:
             ids, counts = self._selected[layer] = self.select_device(layer, q_mem)
             if decode:   # token positions for the split kernel; a prefill chunk's kernel reads the block ids
-                m_index, m_counts = self.layout.index(ids, counts)
+                k2, v2 = self.store.k[layer], self.store.v[layer]
+                if self.offloaded:   # new blocks from host memory into their slots; columns of the buffer
+                    m_index, m_counts = self.stage.decode(layer, self.store, ring.k_raw[layer], ring.v[layer], ids,
+                                                          counts, self.geo, self.ring_size, self.layout)
+                    k2, v2 = self.stage.k[layer], self.stage.v[layer]
+                else:
+                    m_index, m_counts = self.layout.index(ids, counts)
         else:
             n_mem = self.fill_memory(layer, q_mem)
         if decode:
             q1 = q_rot[:, :, 0].contiguous()
-            if self.resident:   # window and memory in one combine (kernels/memory_decode.py)
+            if self.device_path:   # window and memory in one combine (kernels/memory_decode.py)
                 out, lse = two_part_decode_lse(q1, ring.k_rot[layer], ring.v[layer], self.local_index,
-                                               self.local_counts, q_mem[:, :, 0].contiguous(), self.store.k[layer],
-                                               self.store.v[layer], m_index, m_counts, scale, scores=self.scratch,
+                                               self.local_counts, q_mem[:, :, 0].contiguous(), k2, v2,
+                                               m_index, m_counts, scale, scores=self.scratch,
                                                workspace=self.partials)
             else:
                 out_l, lse_l = sparse_decode_tokens_lse(q1, ring.k_rot[layer], ring.v[layer], self.local_index,
@@ -224,20 +249,24 @@ class InfLLM(HostPath, Method):
                                                     self.buf_v[layer], lengths, scale, max_length=n_mem)
                 out, lse = merge_attention([(out_l, lse_l), (out_g, lse_g)])
             raw = self.scratch.index_select(-1, self.local_slots)
-            ok = torch.isfinite(raw) & self.local_valid if self.resident else torch.isfinite(raw)
+            ok = torch.isfinite(raw) & self.local_valid if self.device_path else torch.isfinite(raw)
             mass = torch.where(ok, torch.exp(raw * scale - lse.unsqueeze(-1)), 0.0)
             self.observe(layer, q_rot, lse.unsqueeze(-1), raw)
-            self.record(layer, self.local_counts + m_counts if self.resident else self.local_pos.numel() + n_mem)
+            self.record(layer, self.local_counts + m_counts if self.device_path else self.local_pos.numel() + n_mem)
             out = out.view(B, 1, Hq * D)
         else:
             # one kernel over the window (the ring in place, each slot at its position) and the memory, one
             # softmax (kernels/memory_prefill.py); then the local mass under its lse, straight into the ring
             dmin = c.n_local if c.remainder_visibility == "query" else -FAR
-            if self.resident:   # host ints in prefill: the memory's length needs no sync
+            if self.device_path:   # host ints in prefill: the memory's length needs no sync
                 g = self.geo
                 nsel = min(g.n_blocks, c.topk)
-                k2, v2, p2, mem = self.store.k[layer], self.store.v[layer], None, {"blocks2": (
-                    ids, g.init_len, c.n_init, c.block_size, nsel, g.rem_start, g.init_len + nsel * c.block_size + g.rem_len)}
+                blocks2 = (ids, g.init_len, c.n_init, c.block_size, nsel, g.rem_start,
+                           g.init_len + nsel * c.block_size + g.rem_len)
+                k2, v2, p2, mem = self.store.k[layer], self.store.v[layer], None, {"blocks2": blocks2}
+                if self.offloaded:   # [sinks | blocks | remainder] staged from host memory, as the host path lays it
+                    n = self.stage.prefill(layer, self.store, blocks2)
+                    k2, v2, p2, mem = self.stage.k[layer, :, :, :n], self.stage.v[layer, :, :, :n], self.memory_pos(n), {}
             else:
                 k2, v2, p2, mem = self.buf_k[layer, :, :, :n_mem], self.buf_v[layer, :, :, :n_mem], \
                     self.memory_pos(n_mem), {}
@@ -246,7 +275,7 @@ class InfLLM(HostPath, Method):
             mass = window_mass(q_rot, ring.k_rot[layer], scale, self.q_pos, self.ring_pos, lse, 0, c.n_local - 1)
             self.observe(layer, q_rot, lse, None)
             out = out.transpose(1, 2).reshape(B, T, Hq * D)
-        if self.resident and decode:
+        if self.device_path and decode:
             self.pending.hold(layer, mass, self.first)
         elif decode:
             ring.score[layer].index_add_(2, self.local_slots, mass)
@@ -295,7 +324,7 @@ class InfLLM(HostPath, Method):
         positional store; only their index is made)."""
         c, E = self.cfg, self.step.end
         init_new = min(c.n_init, max(0, E - c.n_local))
-        if init_new > self.init_len and not self.resident:   # sinks go to the head of the memory buffer, once
+        if init_new > self.init_len and not self.device_path:   # sinks go to the head of the memory buffer, once
             sl = self.ring.slots(self.init_len, init_new)
             self.buf_k[layer, :, :, self.init_len:init_new] = self.ring.k_raw[layer].index_select(2, sl)
             self.buf_v[layer, :, :, self.init_len:init_new] = self.ring.v[layer].index_select(2, sl)
@@ -306,10 +335,10 @@ class InfLLM(HostPath, Method):
             sl = self.ring.slots(start, start + n * bs)
             k_all = self.ring.k_raw[layer].index_select(2, sl)
             s_all = self.ring.score[layer].index_select(2, sl)
-            v_all = None if self.resident else self.ring.v[layer].index_select(2, sl)
+            v_all = None if self.device_path else self.ring.v[layer].index_select(2, sl)
             for j, i in enumerate(range(self.formed_blocks, nb_new)):
                 k = k_all[:, :, j * bs:(j + 1) * bs]
-                if not self.resident:
+                if not self.device_path:
                     self.memory.put(layer, i, k, v_all[:, :, j * bs:(j + 1) * bs])
                 new.append((i, k, s_all[:, :, j * bs:(j + 1) * bs]))
         self.index_blocks(layer, new)
@@ -331,15 +360,32 @@ class InfLLM(HostPath, Method):
         i0 = blocks[0][0]
         self.reprs[layer, :, i0:i0 + n] = rep.to(self.reprs.dtype)
 
-    before_decode = correction_span = form_due
+    correction_span = form_due
+    before_decode = form_due
+
+    def count_staged(self, a: int, T: int) -> None:
+        """Offloaded device path, a prefill chunk: rows and blocks it stages (per sequence and KV head)."""
+        rows, blocks = staged(Geometry.of(a, T, self.cfg.n_init, self.cfg.n_local, self.cfg.block_size), self.cfg)
+        self.staged_rows += self.info.num_layers * rows
+        self.staged_blocks += self.info.num_layers * blocks
 
     # --- reporting -----------------------------------------------------------------------------
     def stats(self):
         out = super().stats()
         m = self.memory
         out.update({"blocks": self.formed_blocks, "block_loads": m.transfers, "block_stores": m.stores,
-                    "device_cache_bytes": (self.store if self.resident else m).device_bytes(),
+                    "device_cache_bytes": (self.store if self.device_path else m).device_bytes(),
                     "host_bytes": m.host_bytes()})
+        out["path"] = self.cfg.path
+        if self.offloaded:   # prefill chunks stage their memory whole; decode steps only the blocks new to a slot
+            Hkv, c = self.info.num_kv_heads, self.cfg
+            row = self.info.head_dim * 2 * self.store.k.element_size()   # one token's k and v of one KV head
+            moved = int(self.stage.moved.item())                         # per (sequence, retrieval unit), all layers
+            heads = 1 if c.per_head else Hkv
+            out.update({"block_loads": self.staged_blocks * self.batch * self.units + moved,
+                        "staged_bytes": (self.staged_rows * self.batch * Hkv + moved * c.block_size * heads) * row,
+                        "block_stores": 0, "host_pinned": self.store.pinned, "host_bytes": self.store.host_bytes(),
+                        "device_cache_bytes": self.stage.device_bytes()})
         if self.needle is not None:
             out["needle_recall"] = {layer: [round(x, 4) for x in v] for layer, v in self.recall.items()}
         return out

@@ -165,9 +165,9 @@ class Ltri(InfLLM):
 
     def __init__(self, cfg):
         super().__init__(cfg)
-        # resident (offload=false): decode reads the persisted retrieval from the device; a fresh
-        # retrieval per decode step (persistent=false) scores spans on the host: eager
-        self.graph_safe = self.resident and self.cfg.persistent
+        # the device path (evidence none; offload either way): decode reads the persisted retrieval from the
+        # device; a fresh retrieval per decode step (persistent=false) scores spans on the host: eager
+        self.graph_safe = self.device_path and self.cfg.persistent
 
     def begin(self, step):
         super().begin(step)
@@ -232,7 +232,7 @@ class Ltri(InfLLM):
         a, scale = self.step.start, self.info.scaling
         lo = max(0, a - W + 1)
         keys = torch.arange(lo, a + T, device=q_rot.device)
-        if raw_local is not None and self.resident:   # decode, window newest first: column j = distance j
+        if raw_local is not None and self.device_path:   # decode, window newest first: column j = distance j
             w = min(W, raw_local.shape[-1])
             p = torch.where(self.local_valid[:w], torch.exp(raw_local[..., :w] * scale - lse), 0.0).sum(1)
             rows = torch.nn.functional.pad(p, (0, W - w)).unsqueeze(1)

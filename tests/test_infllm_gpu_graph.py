@@ -1,4 +1,5 @@
-"""InfLLM / Ltri-LLM resident (offload=false) on the GPU (`pytest -m gpu`): the decode step really is
+"""InfLLM / Ltri-LLM's device path on the GPU (`pytest -m gpu`), resident (offload=false) and with the
+positional store in pinned host memory (offload=true: kernels/memory_stage.py through UVA): the decode step really is
 replayed from a CUDA graph (the class is not graph-safe, the instance is), the graph gives the eager CUDA
 path's logits and the same greedy tokens, over enough steps that blocks leave the window between
 replays (formed by the engine's host hook, correction_span)."""
@@ -32,8 +33,10 @@ def _run(model, cfg, ids, prompt, graphs):
     return logits, eng
 
 
+@pytest.mark.parametrize("offload", [False, True])
 @pytest.mark.parametrize("cfg", CFGS)
-def test_graph_replay_equals_eager_cuda(cfg):
+def test_graph_replay_equals_eager_cuda(cfg, offload):
+    cfg = {**cfg, "offload": offload}
     model = tiny_model(4).cuda()
     ids = torch.randint(0, 128, (2, 90), generator=torch.Generator().manual_seed(4)).cuda()
     eager, e1 = _run(model, cfg, ids, 30, graphs=False)
@@ -42,6 +45,9 @@ def test_graph_replay_equals_eager_cuda(cfg):
     assert e2.method.formed_blocks == e1.method.formed_blocks >= 10
     assert (graphed - eager).abs().max().item() <= 1e-5
     assert torch.equal(graphed.argmax(-1), eager.argmax(-1))
+    if offload:   # the store in page-locked host memory, and rows really staged from it
+        assert e2.method.store.k.device.type == "cpu" and e2.method.store.k.is_pinned()
+        assert e2.method.stats()["staged_bytes"] > 0 and e2.method.stats()["path"] == "device, offloaded"
     gen = [Engine(model, build(OmegaConf.create(cfg), ModelInfo.from_hf_config(model.config)), use_graphs=g)
            .generate(ids[:, :40], 40).tokens for g in (False, True)]
     assert gen[0] == gen[1]

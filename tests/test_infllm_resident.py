@@ -1,9 +1,10 @@
-"""InfLLM / Ltri-LLM with every token on the device (offload=false, methods/parts/infllm_device.py):
+"""InfLLM / Ltri-LLM's device path (methods/parts/infllm_device.py), every token in a positional store on
+the device (offload=false) or in host memory with a step's memory staged on the device (offload=true):
 
 - its parts against plain loops: the memory's token positions (sinks | retrieved blocks | remainder) and
   the device retrieval (selection.top_first's set);
-- the resident path attends what the host path (offload=true: LRU cache, contiguous buffer) attends:
-  same outputs up to float rounding, same retrievals, same representatives;
+- both attend what the host path (the evidence options: LRU cache, contiguous buffer) attends: same
+  outputs up to float rounding, same retrievals, same representatives; offloaded and resident the same floats;
 - the engine's CUDA-graph protocol (before_decode, the step run three times at one position as warm-up and
   capture, no Python in between, correction_span after) gives the eager path's logits, and a decode step run
   twice at one position leaves the buffers of running it once (decode_idempotent), on the CPU."""
@@ -84,26 +85,34 @@ def test_resident_attends_what_the_host_path_attends(cfg):
     model = tiny("llama")
     rope = rope_for(model)
     runs = []
-    for offload in (True, False):
-        method, info = make({**cfg, "offload": offload}, model)
-        assert method.resident is not offload
+    # the host path (evidence record with no needle set: nothing recorded, the host path's retrieval), the
+    # device path with the store in host memory (offload=true, the default), the device path all on the device
+    for extra, path in (({"offload": True, "evidence": "record"}, "host (LRU cache)"),
+                        ({"offload": True}, "device, offloaded"), ({"offload": False}, "device, resident")):
+        method, info = make({**cfg, **extra}, model)
+        assert method.device_path is (path != "host (LRU cache)")
         d = Driver(method, info, rope, max_len=70, batch=2, seed=3)
         outs, sels = [], []
         for T, phase in [(5, "prefill")] * 6 + [(1, "decode")] * 18:
             _, o = d.step(T, phase)
             outs.append(torch.stack(o))
             sels.append([None if s is None else [[sorted(u) for u in per] for per in s] for s in method.selected])
+        assert method.stats()["path"] == path
         runs.append((outs, sels, method))
-    (o1, s1, m1), (o2, s2, m2) = runs
-    assert m2.formed_blocks == m1.formed_blocks >= 8
-    for host, res in zip(s1, s2):   # the host path keeps None until a layer first retrieves
-        assert [h for h in host if h is not None] == [r for h, r in zip(host, res) if h is not None]
-    assert any(h is not None for host in s1 for h in host)
-    for a, b in zip(o1, o2):
-        assert (a - b).abs().max().item() <= 1e-5            # the memory's keys in another order: rounding
-    if cfg["name"] == "infllm":
-        n = m1.formed_blocks
-        assert torch.allclose(m1.reprs[:, :, :n].float(), m2.reprs[:, :, :n], atol=1e-6)
+    (o1, s1, m1) = runs[0]
+    for o2, s2, m2 in runs[1:]:
+        assert m2.formed_blocks == m1.formed_blocks >= 8
+        for host, res in zip(s1, s2):   # the host path keeps None until a layer first retrieves
+            assert [h for h in host if h is not None] == [r for h, r in zip(host, res) if h is not None]
+        assert any(h is not None for host in s1 for h in host)
+        for a, b in zip(o1, o2):
+            assert (a - b).abs().max().item() <= 1e-5            # the memory's keys in another order: rounding
+        if cfg["name"] == "infllm":
+            n = m1.formed_blocks
+            assert torch.allclose(m1.reprs[:, :, :n].float(), m2.reprs[:, :, :n], atol=1e-6)
+    (o2, _, m2), (o3, _, m3) = runs[1:]
+    assert all(torch.equal(a, b) for a, b in zip(o2, o3))    # staged rows, the same order: the same floats
+    assert m2.stats()["block_loads"] > 0 and m2.stats()["host_bytes"] > 0 and m3.stats()["host_bytes"] == 0
 
 
 def _graph_protocol(eng, token):
@@ -119,11 +128,12 @@ def _graph_protocol(eng, token):
     return logits
 
 
+@pytest.mark.parametrize("offload", [False, True])
 @pytest.mark.parametrize("cfg", [INFLLM, {**INFLLM, "per_head": True}, LTRI])
-def test_graph_protocol_equals_eager_decode(cfg):
+def test_graph_protocol_equals_eager_decode(cfg, offload):
     model = tiny_model(4)
     info = ModelInfo.from_hf_config(model.config)
-    cfg = {**cfg, "offload": False}
+    cfg = {**cfg, "offload": offload}
     ids = torch.randint(0, 128, (2, 70), generator=torch.Generator().manual_seed(5))
     got = []
     for graphed in (False, True):
@@ -143,10 +153,11 @@ def test_graph_protocol_equals_eager_decode(cfg):
         assert torch.equal(ra[:, :, :fa], rb[:, :, :fa])
 
 
+@pytest.mark.parametrize("offload", [False, True])
 @pytest.mark.parametrize("cfg", [INFLLM, LTRI])
-def test_resident_decode_step_is_idempotent_at_a_position(cfg):
+def test_device_path_decode_step_is_idempotent_at_a_position(cfg, offload):
     model = tiny_model(4)
-    method = build(OmegaConf.create({**cfg, "offload": False}), ModelInfo.from_hf_config(model.config))
+    method = build(OmegaConf.create({**cfg, "offload": offload}), ModelInfo.from_hf_config(model.config))
     eng = Engine(model, method)
     ids = torch.randint(0, 128, (2, 40), generator=torch.Generator().manual_seed(6))
     eng.reset(2, 40)

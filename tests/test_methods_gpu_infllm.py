@@ -1,7 +1,8 @@
-"""InfLLM's offload on the GPU (`pytest -m gpu`): with offload the device memory the method holds is
-measured (torch.cuda.memory_allocated) well below the all-on-GPU variant and does not grow with the
-context beyond the representative keys, while the outputs stay the same; blocks really move between
-host and device (loads counted, the host tier pinned). Llama-3-8B attention shapes, random q/k/v fed
+"""InfLLM's offload on the GPU (`pytest -m gpu`), on the host path (LRU cache) and on the device path
+(positional store in pinned host memory): with offload the device memory the method holds is measured
+(torch.cuda.memory_allocated) well below the all-on-GPU variant and does not grow with the context beyond
+the representative keys, while the outputs stay the same; blocks really move between host and device
+(loads counted, the host memory pinned). Llama-3-8B attention shapes, random q/k/v fed
 layer by layer (no model needed)."""
 from __future__ import annotations
 
@@ -33,9 +34,12 @@ class _Rot(torch.nn.Module):
         return e.cos().to(x.dtype), e.sin().to(x.dtype)
 
 
-def _run(offload: bool, context: int, decode: int = 8):
+def _run(offload: bool, context: int, decode: int = 8, path: str = "host"):
+    """path host: the LRU path (an evidence option takes it; no needle set: nothing recorded); device: the
+    device path, the store in pinned host memory with offload."""
     torch.cuda.empty_cache()
-    method = build(OmegaConf.create({**CFG, "offload": offload}), INFO)
+    extra = {"evidence": "record"} if path == "host" else {}
+    method = build(OmegaConf.create({**CFG, "offload": offload, **extra}), INFO)
     base = torch.cuda.memory_allocated()
     method.setup(INFO, 1, context + decode, torch.device("cuda"), torch.bfloat16)
     rope = Rope(_Rot())
@@ -64,7 +68,7 @@ def _run(offload: bool, context: int, decode: int = 8):
 
 def test_offload_holds_less_device_memory_flat_in_context_same_outputs():
     on_16k, reprs_16k, out_on, m_on = _run(True, 16384)
-    off_16k, _, out_off, m_off = _run(False, 16384)
+    off_16k, _, out_off, m_off = _run(False, 16384, path="device")   # all on the GPU (the resident path)
     assert (out_on - out_off).abs().max().item() <= 2e-2          # same attention, bf16
     assert m_on.memory.transfers > 0 and m_on.memory.host_k[0].is_pinned()
     kv_block = 2 * INFO.num_layers * 8 * 128 * 128 * 2            # bytes of one block (k and v) for all layers
@@ -74,4 +78,18 @@ def test_offload_holds_less_device_memory_flat_in_context_same_outputs():
     on_64k, reprs_64k, _, m64 = _run(True, 65536)
     # flat: what grows from 16K to 64K is only the representative keys (64 KiB per block here)
     assert (on_64k - reprs_64k) - (on_16k - reprs_16k) <= 4 << 20
+    assert m64.store.host_bytes() >= 65536 * 2 * INFO.num_layers * 8 * 128 * 2
     assert m64.memory.host_bytes() >= m64.formed_blocks * kv_block
+
+
+def test_device_path_offload_holds_less_device_memory_flat_in_context_same_outputs():
+    """The device path with offload: the positional store in pinned host memory, a step's memory staged."""
+    on_16k, reprs_16k, out_on, m_on = _run(True, 16384, path="device")
+    off_16k, _, out_off, m_off = _run(False, 16384, path="device")
+    assert (out_on - out_off).abs().max().item() <= 2e-2           # the same rows, read from a staging copy
+    assert m_on.store.k.is_pinned() and m_on.stats()["staged_bytes"] > 0 and m_off.store.host_bytes() == 0
+    # the store left the GPU; the per-layer staging buffer came (InfLLM's slots: n_init + (topk + 1) blocks + a chunk)
+    assert off_16k - on_16k >= 0.9 * (m_on.store.host_bytes() - m_on.stage.device_bytes())
+    on_64k, reprs_64k, _, m64 = _run(True, 65536, path="device")
+    assert (on_64k - reprs_64k) - (on_16k - reprs_16k) <= 4 << 20
+    assert m64.store.host_bytes() >= 65536 * 2 * INFO.num_layers * 8 * 128 * 2

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
+from kernels.memory_stage import scatter_rows
 from kernels.topk import topk_positions
 
 
@@ -38,32 +39,73 @@ def reuse(t, shape, dtype, device) -> torch.Tensor:
 
 
 class PositionalStore:
-    """Un-rotated keys and values of every token at its absolute position: [L, B, Hkv, capacity, D]."""
+    """Un-rotated keys and values of every token at its absolute position: [L, B, Hkv, capacity, D]. On the
+    device (offload=false), or in host memory (offload=true): pinned on CUDA, where kernels/memory_stage.py
+    writes the step's rows into it, and methods/parts/infllm_stage.py gathers a step's memory out of it,
+    through unified addressing (no host sync; CUDA-graph captured); a plain CPU tensor on the CPU. On the
+    meta device (a probe of the device storage a method declares) the host store is declared with 0 rows."""
 
     def __init__(self):
         self.k = self.v = None
+        self.host = False
+        self.pinned = None       # how the host store was pinned: "cudaHostRegister" or "pin_memory"
+        self._registered = None  # (tensor, pointer) registered with cudaHostRegister, unregistered on reallocation
 
-    def allocate(self, layers, batch, kv_heads, capacity, head_dim, device, dtype) -> None:
+    def allocate(self, layers, batch, kv_heads, capacity, head_dim, device, dtype, *, host: bool = False) -> None:
+        device = torch.device(device)
         shape = (layers, batch, kv_heads, max(1, capacity), head_dim)
-        if not _same(self.k, shape, dtype, device):
-            self.k = torch.empty(shape, device=device, dtype=dtype)
-            self.v = torch.empty(shape, device=device, dtype=dtype)
+        where = torch.device("cpu") if host and device.type != "meta" else device
+        if host and device.type == "meta":   # a probe of device storage (runners/plan.py): none of it is
+            shape = (layers, batch, kv_heads, 0, head_dim)
+        if _same(self.k, shape, dtype, where) and self.host == host:
+            return
+        self.release()
+        self.host = host
+        if host and device.type == "cuda":
+            both = _pinned((2, *shape), dtype, self)
+        else:
+            both = torch.empty((2, *shape), device=where, dtype=dtype)
+        self.k, self.v = both[0], both[1]
+
+    def release(self) -> None:
+        self.k = self.v = None
+        if self._registered is not None:
+            torch.cuda.cudart().cudaHostUnregister(self._registered[1])
+            self._registered = None
+
+    def __del__(self):   # unregistered before the memory is freed (a later registration could overlap it)
+        if getattr(self, "_registered", None) is not None and torch.cuda.is_initialized():
+            self.release()
 
     def write(self, layer, positions, k, v) -> None:
-        self.k[layer].index_copy_(2, positions, k)
-        self.v[layer].index_copy_(2, positions, v)
-
-    def gather(self, layer, index: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Keys and values at index [B, Hkv, >= n] (the first n columns) -> [B, Hkv, n, D] each."""
-        D = self.k.shape[-1]
-        idx = index[..., :n].long().unsqueeze(-1).expand(-1, -1, -1, D)
-        return self.k[layer].gather(2, idx), self.v[layer].gather(2, idx)
+        if self.host:
+            scatter_rows(self.k[layer], self.v[layer], positions, k, v)
+        else:
+            self.k[layer].index_copy_(2, positions, k)
+            self.v[layer].index_copy_(2, positions, v)
 
     def buffers(self) -> dict[str, torch.Tensor]:
         return {"store_k": self.k, "store_v": self.v}
 
     def device_bytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (self.k, self.v) if t is not None)
+        return 0 if self.host else sum(t.numel() * t.element_size() for t in (self.k, self.v) if t is not None)
+
+    def host_bytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.k, self.v) if t is not None) if self.host else 0
+
+
+def _pinned(shape, dtype, store: PositionalStore) -> torch.Tensor:
+    """A CPU tensor in page-locked memory of exactly its size: torch's pinned allocator rounds a request up
+    to a power of two (a 16.1 GiB store would pin 32 GiB), so the memory is registered with
+    cudaHostRegister (portable | mapped) instead; pin_memory=True where that call fails (recorded)."""
+    with torch.inference_mode(False):
+        t = torch.empty(shape, dtype=dtype)
+        err = torch.cuda.cudart().cudaHostRegister(t.data_ptr(), t.numel() * t.element_size(), 3)
+        if int(err) == 0:
+            store._registered, store.pinned = (t, t.data_ptr()), "cudaHostRegister"
+            return t
+        store.pinned = f"pin_memory (cudaHostRegister: error {int(err)})"
+        return torch.empty(shape, dtype=dtype, pin_memory=True)
 
 
 @dataclass
@@ -88,6 +130,12 @@ class Geometry:
         nb = (a - n_local - n_init).clamp(min=0) // block_size
         rem_start = init_len + nb * block_size
         return cls(init_len, nb, rem_start, (a - rem_start + T - n_local).clamp(min=0))
+
+
+def staged(geo: Geometry, cfg) -> tuple[int, int]:
+    """(rows, blocks) the memory of a step of geometry `geo` (host ints) holds per layer, sequence, KV head."""
+    nsel = min(geo.n_blocks, cfg.topk)
+    return geo.init_len + nsel * cfg.block_size + geo.rem_len, nsel
 
 
 class MemoryLayout:

@@ -1,8 +1,9 @@
-"""InfLLM / Ltri-LLM's host path (offload=true, or the evidence options): the retrieval synced to the host
-every layer, the blocks made resident in the LRU cache (stores_blocks.BlockMemory) and copied into one
+"""InfLLM / Ltri-LLM's host path (the evidence options, which edit and record retrievals on the host; with
+evidence none both offload settings take the device path, methods/parts/infllm_device.py and
+infllm_stage.py): the retrieval synced to the host every layer, the blocks made resident in the LRU cache (stores_blocks.BlockMemory) and copied into one
 contiguous memory buffer per layer (InfLLM's slot reuse), and the needle bookkeeping (Ltri-LLM section 2:
 which blocks hold the sample's needle, forcing them into a retrieval, the share of its tokens a decode
-step attends). A mixin of methods/infllm.py's InfLLM; the resident path is methods/parts/infllm_device.py."""
+step attends). A mixin of methods/infllm.py's InfLLM."""
 from __future__ import annotations
 
 import torch

@@ -13,9 +13,10 @@ BlockMemory   evicted blocks of `block_size` tokens. offload=True (InfLLM): ever
               `transfers` counts host->device block loads, `stores` device->host block writes.
 
 Host-side bookkeeping (which block sits in which cache slot, LRU stamps) is plain Python: InfLLM syncs
-the retrieval result to the host every step, and so does the offload path here (not CUDA-graph safe).
-With offload=false the methods do not use BlockMemory's blocks: every token stays in a positional store
-and retrieval runs on the device (methods/parts/infllm_device.py, CUDA-graph captured).
+the retrieval result to the host every step, and so does the host path here (not CUDA-graph safe), which
+only the evidence options take now. The device path does not use BlockMemory's blocks: every token stays
+in a positional store (on the GPU, or in pinned host memory with offload) and retrieval runs on the
+device (methods/parts/infllm_device.py, infllm_stage.py; CUDA-graph captured).
 """
 from __future__ import annotations
 
