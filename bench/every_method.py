@@ -42,7 +42,7 @@ import yaml
 from omegaconf import OmegaConf
 
 from bench import floors
-from bench.engine import copy_bandwidth, load_bench_model, provenance
+from bench.engine import copy_bandwidth, h2d_bandwidth, load_bench_model, provenance
 from bench.timing import Clock, error_text, release
 from common.errors import ConfigError
 from methods import REGISTRY, build, get
@@ -87,11 +87,14 @@ def run_cell(model, info, cfg: dict, ids, warmup: int, steps: int, timer: Clock,
         first_s = timer(lambda: eng.decode(tok))
         for _ in range(warmup - 1):
             eng.decode(tok)
+        staged = eng.method.stats().get("staged_bytes")   # an offloaded memory's host-to-device bytes so far
         per_step = [timer(lambda: eng.decode(tok)) for _ in range(steps)]
         stats = eng.method.stats()
         out = {"prefill_s": prefill_s, "first_decode_s": first_s, "decode_ms": 1e3 * statistics.median(per_step),
                "decode_ms_min": 1e3 * min(per_step), "decode_ms_max": 1e3 * max(per_step),
                "graphs": eng.graphs is not None, "attended_mean": stats.get("attended_mean")}
+        if staged is not None:
+            out["moved_bytes_per_step"] = (stats["staged_bytes"] - staged) / steps
         if device.type == "cuda":
             torch.cuda.synchronize()
             out["peak_gib"] = torch.cuda.max_memory_allocated() / GIB
@@ -191,6 +194,7 @@ def main(argv=None):
     if device.type == "cuda":   # a cold GPU's first copies read low (2.30 vs 2.74 TB/s in two runs): warm it first
         copy_bandwidth(device, Clock(device))
     bandwidth = copy_bandwidth(device, Clock(device)) if device.type == "cuda" else floors.H100_BANDWIDTH
+    h2d = h2d_bandwidth(device, Clock(device)) if device.type == "cuda" else floors.H2D_BANDWIDTH
     timer = Clock(device)
     gen = torch.Generator().manual_seed(0)
     cfgs, broken, rows, warm_prefill = {}, {}, [], {}
@@ -216,6 +220,7 @@ def main(argv=None):
             "budget_knob": floors.KNOB_NOTE, "warmup": args.warmup, "steps": args.steps, "time_budget_s": time_budget,
             "bandwidth_bytes_s": bandwidth,
             "bandwidth_source": "measured copy" if device.type == "cuda" else "assumed H100 3.0 TB/s",
+            "h2d_bytes_s": h2d, "h2d_source": "measured pinned copy" if device.type == "cuda" else "assumed 50 GB/s",
             "weights_gb": wbytes / 1e9, "peak_note": "peak GiB = torch.cuda.max_memory_allocated over the cell "
             "(weights included), reset before each cell", "methods": names, "environment": env}
     first_prefill, full_prefill = {}, {}
@@ -250,8 +255,9 @@ def main(argv=None):
                 if name == "full":
                     full_prefill[(C, B)] = row["prefill_s"]
                 tcfg = get(base[name]).validate(dict(cfg), info)
-                fl = floors.floor(base[name], tcfg, info, C, B, wbytes, elt, attended=row.get("attended_mean"))
-                row.update(fl.as_dict(bandwidth))
+                fl = floors.floor(base[name], tcfg, info, C, B, wbytes, elt, attended=row.get("attended_mean"),
+                                  moved=row.get("moved_bytes_per_step"))
+                row.update(fl.as_dict(bandwidth, h2d))
                 row["over_floor"] = row["decode_ms"] / row["floor_ms"]
             rows.append(row)
             write(args.out, head, rows, cells, names, t_start, done=False)

@@ -16,9 +16,12 @@ vectors, 2 x D values):
              state an eviction rule reads and rewrites every step (H2O's and Cascade's fp32 scores).
              Scores computed and consumed inside one step are not counted (a fused top-k need not
              write them);
-  moves      host-to-device bytes. InfLLM/Ltri-LLM with offload move a retrieved block only when it
-             misses the GPU-resident LRU cache; the floor counts none (a lower bound: all hits).
-The time floor divides the sum by a measured copy rate (bench.engine.copy_bandwidth) or 3.0 TB/s.
+  moves      host-to-device bytes. InfLLM/Ltri-LLM with offload move a retrieved block only when it is new
+             to its staging slot (methods/parts/infllm_stage.py); how many is data-dependent, so the
+             benchmark passes the bytes it measured per step (the method's `staged_bytes`), as it passes
+             Tactic's attended tokens; without a measurement the floor counts none (all hits).
+The time floor divides reads by a measured copy rate (bench.engine.copy_bandwidth) or 3.0 TB/s, and moves by
+a measured host-to-device rate (bench.engine.h2d_bandwidth) or 50 GB/s (PCIe 5.0 x16's ~64 less overhead).
 
 Every registered method must have an entry in ROWS (the tests fail otherwise), and one in
 BUDGET_KNOB: the option that sets its token budget (tokens per head), used by the every-method
@@ -34,6 +37,7 @@ from methods import ModelInfo
 from methods.parts.budget import BUDGET_KNOB, KNOB_NOTE  # noqa: F401 (re-exported: one place, below analysis)
 
 H100_BANDWIDTH = 3.0e12          # bytes/s, when none was measured in the same run
+H2D_BANDWIDTH = 50e9             # bytes/s host to device, when none was measured
 
 
 @dataclass(frozen=True)
@@ -58,12 +62,14 @@ class Floor:
     def total(self) -> float:
         return self.weights + self.kv + self.selection + self.moves
 
-    def ms(self, bandwidth: float = H100_BANDWIDTH) -> float:
-        return 1e3 * self.total / bandwidth
+    def ms(self, bandwidth: float = H100_BANDWIDTH, h2d: float = H2D_BANDWIDTH) -> float:
+        """Reads at the memory rate, moves at the host-to-device rate (one after the other: a lower bound
+        only if they could not overlap; the decode step's moves feed its attention, so they do not)."""
+        return 1e3 * ((self.weights + self.kv + self.selection) / bandwidth + self.moves / h2d)
 
-    def as_dict(self, bandwidth: float) -> dict:
+    def as_dict(self, bandwidth: float, h2d: float = H2D_BANDWIDTH) -> dict:
         return {"weights_gb": self.weights / 1e9, "kv_gb": self.kv / 1e9, "selection_gb": self.selection / 1e9,
-                "moves_gb": self.moves / 1e9, "floor_gb": self.total / 1e9, "floor_ms": self.ms(bandwidth),
+                "moves_gb": self.moves / 1e9, "floor_gb": self.total / 1e9, "floor_ms": self.ms(bandwidth, h2d),
                 "floor_note": self.note}
 
 
@@ -171,7 +177,7 @@ def _memory(cfg, info, c, att):
     per_block = cfg.repr_topk if hasattr(cfg, "repr_topk") else max(1, cfg.min_vectors)
     note = "representative keys per block" if hasattr(cfg, "repr_topk") else "index vectors: >= min_vectors per block"
     if cfg.offload:
-        note += "; offloaded blocks: no LRU misses assumed (lower bound)"
+        note += "; offloaded blocks: moves as measured (none without a measurement)"
     return Rows(L * Hkv * attended, selection_rows=L * Hkv * blocks * per_block / 2, note=note)
 
 
@@ -198,15 +204,16 @@ def kv_rows(name: str, cfg, info: ModelInfo, context: int, attended: float | Non
 
 
 def floor(name: str, cfg, info: ModelInfo, context: int, batch: int, weight_bytes: float, elt: int,
-          attended: float | None = None) -> Floor:
-    """The bytes one decode step of `batch` sequences at `context` tokens must read or move."""
+          attended: float | None = None, moved: float | None = None) -> Floor:
+    """The bytes one decode step of `batch` sequences at `context` tokens must read or move; `moved`: the
+    host-to-device bytes a step of the whole batch was measured to move (offloaded memories)."""
     if name not in ROWS:
         raise KeyError(f"no floor model for method {name!r}: add it to bench/floors.py ROWS")
     r = ROWS[name](cfg, info, context, attended)
     row = 2 * info.head_dim * elt
     return Floor(weights=weight_bytes, kv=batch * r.kv * row,
                  selection=batch * (r.selection_rows * row + r.selection_fp32 * 2 * 4),
-                 moves=batch * r.moves, note=r.note)
+                 moves=moved if moved is not None else batch * r.moves, note=r.note)
 
 
 def weight_bytes(model, elt: int) -> float:

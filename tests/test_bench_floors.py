@@ -206,3 +206,15 @@ def test_every_method_file_survives_a_cut_call(tmp_path, monkeypatch):
     em.main(["--cells", "4096x1", "--methods", *names, "--out", str(out)])
     d = json.loads(out.read_text())
     assert d["complete"] is True and all(r["status"] == "ok" for r in d["rows"]) and not (tmp_path / "e.part").exists()
+
+
+def test_offloaded_memory_floor_counts_measured_moves_at_the_host_rate():
+    """InfLLM offloaded: the measured host-to-device bytes of a step join the floor at the host-to-device rate,
+    the reads at the memory rate; without a measurement no move is counted (a lower bound)."""
+    cfg = typed("infllm")
+    assert cfg.offload
+    base = floors.floor("infllm", cfg, LLAMA3, 131072, 1, W, 2)
+    moved = floors.floor("infllm", cfg, LLAMA3, 131072, 1, W, 2, moved=268e6)
+    assert base.moves == 0 and moved.moves == 268e6 and moved.kv == base.kv
+    assert moved.ms(3e12, 50e9) == pytest.approx(base.ms(3e12, 50e9) + 1e3 * 268e6 / 50e9)
+    assert moved.as_dict(3e12, 50e9)["moves_gb"] == pytest.approx(0.268)
