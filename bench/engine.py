@@ -41,16 +41,6 @@ def copy_bandwidth(device, clock, nbytes: int = 1 << 28, repeat: int = 5) -> flo
     return 2 * nbytes / seconds
 
 
-def h2d_bandwidth(device, clock, nbytes: int = 1 << 28, repeat: int = 5) -> float:
-    """Bytes/s of a large copy from pinned host memory to `device`, median of `repeat`: the rate an
-    offloaded memory's moves are floored at."""
-    src = torch.ones(nbytes // 4, dtype=torch.float32).pin_memory()
-    dst = torch.empty(src.shape, dtype=src.dtype, device=device)
-    dst.copy_(src, non_blocking=True)                        # warm-up
-    seconds = clock(lambda: dst.copy_(src, non_blocking=True), repeat)
-    return nbytes / seconds
-
-
 def provenance(module: str, argv: list[str]) -> dict:
     """How a benchmark JSON was made: the one command (minus --out: where the file goes does not
     change its numbers), the commit, and whether tracked files had uncommitted changes (None when

@@ -42,7 +42,7 @@ import yaml
 from omegaconf import OmegaConf
 
 from bench import floors
-from bench.engine import copy_bandwidth, h2d_bandwidth, load_bench_model, provenance
+from bench.engine import copy_bandwidth, load_bench_model, provenance
 from bench.timing import Clock, error_text, release
 from common.errors import ConfigError
 from methods import REGISTRY, build, get
@@ -50,6 +50,15 @@ from runners.engine import Engine
 from runners.results import environment
 
 GIB = 2 ** 30
+
+
+def h2d_bandwidth(device, clock, nbytes: int = 1 << 28, repeat: int = 5) -> float:
+    """Bytes/s of a large copy from pinned host memory to `device`, median of `repeat`: the rate an
+    offloaded memory's moves are floored at (bench/floors.py)."""
+    src = torch.ones(nbytes // 4, dtype=torch.float32).pin_memory()
+    dst = torch.empty(src.shape, dtype=src.dtype, device=device)
+    dst.copy_(src, non_blocking=True)                        # warm-up
+    return nbytes / clock(lambda: dst.copy_(src, non_blocking=True), repeat)
 
 
 def method_cfg(name: str, budget: int, model: str, random_heads: str, info) -> tuple[dict, str]:
