@@ -1,0 +1,74 @@
+"""The span work on the maps' device (methods/parts/ltri_device.py) against the host path it mirrors
+(methods/parts/ltri_batch.py, itself bit-equal to the per-map reference): on the CPU the same spans, counts, picks
+and owners, bit for bit, over test_ltri_batch.py's cases and settings (ties, planted triangles, garbage above the
+diagonal, non-finite maps); the prefix sums also through the Triton scan in the interpreter. On a GPU the
+mismatch rate is measured by bench/ltri_device_parity.py (libdevice's log2/exp), not asserted here."""
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+from test_ltri_batch import SETTINGS, _maps, _votes
+from triton_env import needs_triton
+
+from methods.parts import ltri_batch as LB
+from methods.parts import ltri_device as LD
+
+
+def _check(A, V, s):
+    want = LB.index_maps(A, V, *s)
+    got = LD.index_maps(A, V, *s)
+    assert got[2] == want[2] and got[3] == want[3]
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
+@pytest.mark.parametrize("kind", ["rand", "ties", "planted", "flat"])
+@pytest.mark.parametrize("si", range(len(SETTINGS)))
+def test_index_maps_equal_the_host_path(kind, si):
+    for seed, (N, n) in itertools.product(range(3), ((5, 1), (6, 2), (12, 7), (40, 23))):
+        _check(_maps(N, n, 100 * si + seed, kind), _votes(N, n, seed, kind != "rand"), SETTINGS[si])
+
+
+@pytest.mark.parametrize("kind", ["rand", "ties", "planted"])
+def test_index_maps_equal_the_host_path_at_block_size(kind):
+    _check(_maps(20, 128, 7, kind), _votes(20, 128, 7, kind == "ties"), SETTINGS[0])
+    _check(_maps(17, 128, 8, kind), _votes(17, 128, 8, True), SETTINGS[3])
+
+
+def test_bf16_votes_equal_the_host_path():
+    _check(_maps(9, 16, 4, "rand"), _votes(9, 16, 4, False).bfloat16(), SETTINGS[1])
+
+
+def test_spans_equal_the_host_path_for_query_maps():
+    for seed, (n, k, fill) in enumerate([(40, 10, True), (64, 16, False), (97, 7, True), (3, 1, False),
+                                         (300, 16, True), (512, 16, True)]):
+        for kind in ("rand", "ties", "planted"):
+            A = _maps(2, n, seed, kind)
+            assert LD.detect_spans(A, 0.9, 0.1, k, fill) == LB.detect_spans(A, 0.9, 0.1, k, fill)
+
+
+def test_theta_equals_torch_quantile():
+    """The order statistics and the lerp: torch.quantile's value over each map's lower triangle."""
+    for n, q in ((7, 0.9), (23, 0.93), (64, 0.5), (128, 0.9), (5, 0.0), (5, 1.0)):
+        A = _maps(6, n, n, "rand").double()
+        want = torch.stack([torch.quantile(A[i][torch.ones(n, n, dtype=torch.bool).tril()], q) for i in range(6)])
+        assert torch.equal(LD.quantiles(A, q), want)
+
+
+def test_non_finite_maps_go_to_the_host_path():
+    A, V = _maps(3, 9, 0, "rand"), _votes(3, 9, 0, False)
+    V[2, 3] = float("inf")
+    _check(A, V, SETTINGS[0])
+    A[1, 4, 2] = float("nan")      # the reference's rule (no spans: one gap span); its index_map raises on NaN
+    assert LD.detect_spans(A, 0.9, 0.1, 2) == LB.detect_spans(A, 0.9, 0.1, 2)
+
+
+@needs_triton
+def test_equal_through_the_triton_scan(monkeypatch):
+    """The same bits with the prefix sums in kernels/prefix_scan.py's kernel (the GPU's path) in the interpreter."""
+    monkeypatch.setenv("HARNESS_KERNELS", "triton")
+    for kind, si in (("rand", 0), ("ties", 3), ("planted", 2)):
+        _check(_maps(6, 23, si, kind), _votes(6, 23, si, kind != "rand"), SETTINGS[si])
+    A = _maps(2, 40, 1, "planted")
+    assert LD.detect_spans(A, 0.9, 0.1, 10) == LB.detect_spans(A, 0.9, 0.1, 10)
