@@ -37,6 +37,7 @@ from methods.base import register
 from methods.config import option
 from methods.infllm import InfLLM, MemoryConfig, _reuse
 from methods.parts import ltri_batch as LB
+from methods.parts import ltri_device as LD
 from methods.parts.selection import tie_round, top_first
 from methods.parts.stores_blocks import IndexVectors
 
@@ -162,6 +163,7 @@ class Ltri(InfLLM):
     name = "ltri"
     Config = LtriConfig
     reference_spans = False   # True: the spans map by map (ltri_spans, the reference), for parity tests and benches
+    host_spans = False        # True: the span work on the host (ltri_batch) even for CUDA maps: the bench's before
 
     def __init__(self, cfg):
         super().__init__(cfg)
@@ -271,23 +273,12 @@ class Ltri(InfLLM):
         """Index vectors of the blocks leaving the window at this step (all of a prefill chunk's at once)."""
         if layer not in self.own or not blocks:
             return
-        c, h, B = self.cfg, self.own[layer], self.batch
+        h, B = self.own[layer], self.batch
         maps = self.block_maps(layer, [i for i, _, _ in blocks])                   # [n, B, bs, bs]
         votes = torch.stack([score[:, h] if h is not None else score.sum(1) for _, _, score in blocks])  # [n, B, bs]
-        # the spans and the picks: one transfer of every leaving block's maps and votes to the host, a fixed
-        # sequence of batched operations over all of them there (methods/parts/ltri_batch.py, the reference's
-        # bits), one transfer of the picked indices back
-        if votes.dtype == maps.dtype:    # one device-to-host copy of both (fp32)
-            both = torch.cat([maps, votes.unsqueeze(2)], 2).detach().cpu().flatten(0, 1)
-            A, votes = both[:, :-1], both[:, -1]
-        else:
-            A, votes = maps.flatten(0, 1), votes.detach().cpu().flatten(0, 1)
-        cut = LB.index_maps_reference if self.reference_spans else LB.index_maps
-        picked, owner, sizes, n_spans = cut(
-            A, votes, c.per_layer(c.theta_quantile, layer),
-            c.per_layer(c.iou, layer), c.spans_per_block, c.fill_gaps, c.ratio_mode, c.ratio_area == "density",
-            c.lam_of(layer), c.min_vectors, c.max_vectors, static=c.index == "static")
-        both = torch.stack([picked, owner]).to(maps.device)
+        picked, owner, sizes, n_spans = LD.cut_blocks(maps.flatten(0, 1), votes.flatten(0, 1), self._span_args(layer),
+                                                      self._span_work(maps))
+        both = torch.stack([picked, owner])
         parts = list(zip(both[0].split(sizes), both[1].split(sizes)))
         for j, (i, k, _) in enumerate(blocks):
             keys = self._space(layer, k, kv=True)                                 # [B, bs, dim]
@@ -295,6 +286,19 @@ class Ltri(InfLLM):
                 idx, own = parts[j * B + b]
                 self.index.add(layer, b, i, keys[b, idx], own, n_spans[j * B + b])
             self.vectors_per_block.setdefault(layer, []).append(sum(sizes[j * B:(j + 1) * B]) / B)
+
+    def _span_args(self, layer: int) -> tuple:
+        c = self.cfg
+        return (c.per_layer(c.theta_quantile, layer), c.per_layer(c.iou, layer), c.spans_per_block, c.fill_gaps,
+                c.ratio_mode, c.ratio_area == "density", c.lam_of(layer), c.min_vectors, c.max_vectors,
+                c.index == "static")
+
+    def _span_work(self, A: torch.Tensor) -> str:
+        """Where the span work runs: CUDA maps on their device (methods/parts/ltri_device.py), others (or
+        host_spans) on the host; reference_spans: map by map (ltri_spans)."""
+        if self.reference_spans:
+            return "reference"
+        return "device" if A.is_cuda and not self.host_spans else "host"
 
     # --- retrieval -------------------------------------------------------------------------------------
     def query_spans(self, layer: int) -> list[list[tuple[int, int]]]:
@@ -307,9 +311,10 @@ class Ltri(InfLLM):
         causal = torch.ones(T, T, dtype=torch.bool, device=s.device).tril()
         A = torch.softmax(s.masked_fill(~causal, float("-inf")), -1).sum(1)
         n_spans = max(1, math.ceil(c.spans_per_block * T / c.block_size))
-        # one transfer; the batch rows' maps cut at once on the host (methods/parts/ltri_batch.py)
-        cut = LB.detect_spans_reference if self.reference_spans else LB.detect_spans
-        return cut(A, c.per_layer(c.theta_quantile, layer), c.per_layer(c.iou, layer), n_spans, c.fill_gaps)
+        args = (c.per_layer(c.theta_quantile, layer), c.per_layer(c.iou, layer), n_spans, c.fill_gaps)
+        # on the device: one copy of the slots to the host. On the host map by map (ltri_spans): on a 512 x 512
+        # map twice as fast as ltri_batch's stack on one core, as fast for a few rows (notes/perf_bench.md)
+        return (LD.detect_spans if self._span_work(A) == "device" else LB.detect_spans_reference)(A, *args)
 
     def block_scores(self, layer: int, q_mem: torch.Tensor) -> torch.Tensor:
         """[B, n_blocks] fp32: Eq. 9 (best Eq. 8 similarity of a block's spans over the query spans)."""

@@ -243,3 +243,20 @@ def index_maps(A: torch.Tensor, votes: torch.Tensor, q: float, iou: float, n_spa
     out[0].scatter_(0, at, order.reshape(-1))
     out[1].scatter_(0, at, own)
     return out[0, :total], out[1, :total], sizes, n_sp
+
+
+def cut_blocks(maps: torch.Tensor, votes: torch.Tensor, args: tuple, where: str):
+    """Ltri's block indexing (maps [N, n, n], votes [N, n], args those of index_maps after them) where `where`
+    says: device (this module, the picks stay there), host (one transfer of maps and votes, ltri_batch's batched
+    numpy, the picks moved back) or reference (ltri_spans map by map). (picked, owner) on the maps' device."""
+    if where == "device":
+        return index_maps(maps, votes, *args)
+    if votes.dtype == maps.dtype:    # one device-to-host copy of both (fp32)
+        both = torch.cat([maps, votes.unsqueeze(1)], 1).detach().cpu()
+        A, V = both[:, :-1], both[:, -1]
+    else:
+        A, V = maps, votes.detach().cpu()
+    cut = LB.index_maps_reference if where == "reference" else LB.index_maps
+    picked, owner, sizes, n_spans = cut(A, V, *args)
+    both = torch.stack([picked, owner]).to(maps.device)
+    return both[0], both[1], sizes, n_spans
