@@ -72,3 +72,18 @@ def test_equal_through_the_triton_scan(monkeypatch):
         _check(_maps(6, 23, si, kind), _votes(6, 23, si, kind != "rand"), SETTINGS[si])
     A = _maps(2, 40, 1, "planted")
     assert LD.detect_spans(A, 0.9, 0.1, 10) == LB.detect_spans(A, 0.9, 0.1, 10)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_gpu_equals_the_host_path_on_the_test_cases():
+    """On a GPU (the Triton scan, libdevice's log2/exp, CUDA's lerp): the same results on these fixed cases; the
+    rate over thousands of maps is bench/ltri_device_parity.py's."""
+    for kind, si in itertools.product(("rand", "ties", "planted", "flat"), range(len(SETTINGS))):
+        for seed, (N, n) in itertools.product(range(2), ((6, 2), (12, 7), (40, 23), (20, 128))):
+            A, V = _maps(N, n, 100 * si + seed, kind), _votes(N, n, seed, kind != "rand")
+            want = LB.index_maps(A, V, *SETTINGS[si])
+            got = LD.index_maps(A.cuda(), V.cuda(), *SETTINGS[si])
+            assert got[2:] == want[2:] and torch.equal(got[0].cpu(), want[0]) and torch.equal(got[1].cpu(), want[1])
+    for seed, kind in itertools.product(range(3), ("rand", "ties", "planted")):
+        A = _maps(2, 512, seed, kind)
+        assert LD.detect_spans(A.cuda(), 0.9, 0.1, 16) == LB.detect_spans(A, 0.9, 0.1, 16)
