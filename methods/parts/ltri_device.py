@@ -27,6 +27,7 @@ import functools
 import numpy as np
 import torch
 
+from kernels import span_nms
 from kernels.prefix_scan import prefix_sum_
 from methods.parts import ltri_batch as LB
 from methods.parts.selection import tie_round
@@ -102,23 +103,12 @@ def candidates(A: torch.Tensor, q: float):
 
 
 def nms(xs, ys, sc, iou: float, n_spans: int):
-    """(x, y, kept) [N, K]: ltri_batch.nms (K greedy steps, each batched over the maps)."""
-    length = (ys - xs + 1).double()
-    alive = torch.ones(xs.shape, dtype=torch.bool, device=xs.device)
-    out = []
-    for _ in range(min(n_spans, xs.shape[1])):
-        ok = alive.any(1)
-        i = torch.where(alive, sc, float("-inf")).argmax(1, keepdim=True)
-        xi, yi = xs.gather(1, i), ys.gather(1, i)
-        inter = (torch.minimum(ys, yi) - torch.maximum(xs, xi) + 1).clamp(min=0)
-        ratio = inter / (length + length.gather(1, i) - inter)
-        alive &= ~(ratio > iou)
-        alive.scatter_(1, i, False)
-        out.append((xi[:, 0], yi[:, 0], ok))
-    if not out:
+    """(x, y, kept) [N, K]: ltri_batch.nms (K greedy steps; on a GPU one Triton program per map: kernels/span_nms)."""
+    steps = min(n_spans, xs.shape[1])
+    if steps <= 0:
         z = xs[:, :0]
         return z, z, z.bool()
-    return tuple(torch.stack(v, 1) for v in zip(*out))
+    return span_nms.nms(xs, ys, sc, iou, steps)
 
 
 def arrange(x, y, ok, n: int, fill_gaps: bool):
