@@ -2,7 +2,7 @@
 the bit reference), and what it does to Ltri's prefill (issues 33/34). GPU only:
 
     python -m bench.ltri_device_parity --out results/bench/ltri_device_parity_h100.json
-    python -m bench.ltri_device_parity --skip parity --context 32768 --out ...   # the prefill timing only
+    python -m bench.ltri_device_parity --skip scan parity work --contexts 32768 --out ...   # the prefill timing only
 
 - scan: kernels/prefix_scan.py on fp64 [8, 512, 512] (magnitudes over 12 orders) against the CPU's sequential
   cumsum: elements that differ (and, for contrast, torch's CUDA cumsum, a parallel scan).
@@ -11,10 +11,12 @@ the bit reference), and what it does to Ltri's prefill (issues 33/34). GPU only:
   default options at lambda 3 and 20, `--ties` maps with exact ties (a few distinct values, quarter votes) and
   planted triangles, `--queries` 512 x 512 query maps (spans only); thetas compared on their own. Also with
   torch's CUDA cumsum (a parallel scan) in place of the kernel to show what the sequential scan buys.
-- work: seconds of one chunk-layer's span work (4 block maps + one query map), device vs host, CUDA-synchronised.
-- prefill: Ltri (YAML defaults, offload=false) on Llama-3-8B shape at random weights, `--context` tokens, the
-  span work on the device vs on the host (Ltri.host_spans), and full attention; host syncs per chunk-layer
-  counted as bench/infllm_prefill.py counts them. perf_counter around a CUDA-synchronised prefill.
+- work: seconds of one chunk-layer's span work (4 block maps + one query map): device (CUDA graphs replayed, or
+  eager launches) vs host, CUDA-synchronised, mean of 20.
+- prefill: Ltri (YAML defaults, offload=false) on Llama-3-8B shape at random weights, each of `--contexts` tokens,
+  the span work on the device (graphs; eager launches) vs on the host (Ltri.host_spans; up to --host-max), and
+  full attention; host syncs per chunk-layer counted as bench/infllm_prefill.py counts them. perf_counter around
+  a CUDA-synchronised prefill, after a --warm-token untimed prefill.
 """
 from __future__ import annotations
 
@@ -54,12 +56,12 @@ def _args(lam):
 @contextlib.contextmanager
 def _cuda_cumsum():
     """ltri_device with torch's own CUDA cumsum (a parallel scan) in place of the sequential kernel."""
-    saved = LD.prefix_sum_
-    LD.prefix_sum_ = lambda x, axis: x.cumsum_(axis)
+    saved, graphs = LD.prefix_sum_, LD.use_graphs
+    LD.prefix_sum_, LD.use_graphs = (lambda x, axis: x.cumsum_(axis)), False   # (a graph would replay the kernel)
     try:
         yield
     finally:
-        LD.prefix_sum_ = saved
+        LD.prefix_sum_, LD.use_graphs = saved, graphs
 
 
 def _split(out):
@@ -135,7 +137,8 @@ def work(a):
         LB.index_maps(Ad.cpu(), Vd.cpu(), *_args(3.0))
         LB.detect_spans_reference(Qd, 0.9, 0.1, 16, True)
     out = {}
-    for name, fn in (("device", dev), ("host", host)):
+    for name, fn, graphs in (("device_graphs", dev, True), ("device_eager", dev, False), ("host", host, False)):
+        LD.use_graphs = graphs
         fn()
         torch.cuda.synchronize()
         t = time.perf_counter()
@@ -143,6 +146,7 @@ def work(a):
             fn()
         torch.cuda.synchronize()
         out[f"{name}_ms_per_chunk_layer"] = round((time.perf_counter() - t) / 20 * 1e3, 2)
+    LD.use_graphs = True
     print(out, flush=True)
     return out
 
@@ -155,26 +159,28 @@ def prefill(a):
     from methods.ltri import Ltri
     from runners.engine import Engine
     model, info, dev, _ = load_bench_model("llama3", "random")
-    ids = torch.randint(0, model.config.vocab_size, (1, a.context), device=dev)
+    ids = torch.randint(0, model.config.vocab_size, (1, max(a.contexts)), device=dev)
     rows = []
-    for spec, host in (("full", False), ("ltri:offload=false", False), ("ltri:offload=false", True)):
-        Ltri.host_spans = host
+    runs = [(ctx, spec, work) for ctx in a.contexts for spec, work in
+            (("full", None), ("ltri:offload=false", "device"), ("ltri:offload=false", "device_eager"),
+             ("ltri:offload=false", "host")) if work in (None, "device") or ctx <= a.host_max]
+    for ctx, spec, work in runs:
+        Ltri.host_spans, LD.use_graphs = work == "host", work == "device"
         try:
             eng = Engine(model, build(method_cfg(spec), info), use_graphs=False)
-            eng.reset(1, a.context + 8)
+            eng.reset(1, ctx + 8)
             eng.prefill(ids[:, :a.warm])
-            eng.reset(1, a.context + 8)
+            eng.reset(1, ctx + 8)
             with SyncCounter() as sc:
                 torch.cuda.synchronize()
                 t = time.perf_counter()
-                eng.prefill(ids)
+                eng.prefill(ids[:, :ctx])
                 torch.cuda.synchronize()
                 secs = time.perf_counter() - t
         finally:
-            Ltri.host_spans = False
-        per = -(-a.context // (eng.method.prefill_chunk or a.context)) * info.num_layers
-        row = {"method": spec, "span_work": ("host" if host else "device") if spec != "full" else None,
-               "context": a.context, "prefill_s": round(secs, 3),
+            Ltri.host_spans, LD.use_graphs = False, True
+        per = -(-ctx // (eng.method.prefill_chunk or ctx)) * info.num_layers
+        row = {"method": spec, "span_work": work, "context": ctx, "prefill_s": round(secs, 3),
                "syncs_per_chunk_layer": {k: round(v / per, 2) for k, v in sc.counts.items()}}
         rows.append(row)
         print(json.dumps(row), flush=True)
@@ -187,7 +193,9 @@ def main(argv=None):
     ap.add_argument("--blocks", type=int, default=2048)
     ap.add_argument("--ties", type=int, default=512)
     ap.add_argument("--queries", type=int, default=256)
-    ap.add_argument("--context", type=int, default=32768)
+    ap.add_argument("--contexts", type=int, nargs="+", default=[16384, 32768])
+    ap.add_argument("--host-max", type=int, default=16384, help="the host span work and eager device launches only "
+                    "up to this context (the host's is ~25 ms per chunk and layer)")
     ap.add_argument("--warm", type=int, default=1024)
     ap.add_argument("--skip", nargs="*", default=[], choices=["scan", "parity", "work", "prefill"])
     ap.add_argument("--out", required=True)

@@ -1,15 +1,16 @@
 """Ltri-LLM's span work on the maps' own device: methods/parts/ltri_batch.py's pipeline (the host path and the bit
-reference) as a fixed sequence of batched torch operations plus one Triton scan, whatever the number of maps, so a
-GPU prefill cuts a chunk's query maps and its leaving blocks' maps without moving them to the host. The host gets
-only what the Python bookkeeping needs, in one device-to-host copy per call (query spans as slot lists; the
-blocks' pick sizes and span counts); the picks stay on the device.
+reference) as a fixed sequence of batched torch operations plus two Triton kernels (kernels/prefix_scan.py,
+kernels/span_nms.py), static shapes whatever the number of maps, so a GPU prefill cuts a chunk's query maps and its
+leaving blocks' maps without moving them to the host. On a GPU the sequence is captured once per shape and options
+as a CUDA graph and replayed (`use_graphs`). The host gets only what the Python bookkeeping needs, in one
+device-to-host copy per call (query spans as slot lists; the blocks' pick sizes and span counts); the picks stay
+on the device.
 
 The bits: each step is ltri_batch's, operation for operation, in fp64 (votes in their own dtype):
   prefix sums   kernels/prefix_scan.py: the two cumsums sequential along the same axes in the same order (torch's
                 CUDA cumsum is a parallel scan: other bits); on the CPU torch's cumsum, sequential too
-  theta         exact order statistics (kthvalue over the lower triangle, the upper one +inf; ranks as torch.quantile
-                takes them), then torch's scalar lerp formula as separate elementwise ops (ATen Lerp.h: weight
-                < 0.5: a + w (b - a), else b - (b - a)(1 - w); separate kernels, so no fused multiply-add)
+  theta         exact order statistics (a sort of the lower triangle, the upper one +inf; ranks as torch.quantile
+                takes them), then torch's lerp (`_lerp`: the host's 1-element lerp is a fused multiply-add)
   grids         tie_round's step exp2(ceil(log2 top) - 12) with torch.log2/exp2 (on the GPU libdevice's log2)
   Eq. 7         torch.exp (on the GPU libdevice's exp)
 Everything else is exact (integer index work, comparisons, argmax/stable sorts that keep the first of equals,
@@ -69,11 +70,11 @@ def quantiles(A: torch.Tensor, q: float) -> torch.Tensor:
         return A.reshape(N, -1)[:, 0].clone()
     rank = torch.tensor([q], dtype=torch.float64) * (m - 1)
     below, above = int(rank.long()), int(rank.ceil().long())
-    flat = A.masked_fill(_tables(n, A.device)["upper"], float("inf")).reshape(N, -1)
-    vb = flat.kthvalue(below + 1, 1).values
+    flat = torch.sort(A.masked_fill(_tables(n, A.device)["upper"], float("inf")).reshape(N, -1), 1).values
+    vb = flat[:, below].clone()
     if above == below:
         return vb
-    return _lerp(vb, flat.kthvalue(above + 1, 1).values, float(rank - below))
+    return _lerp(vb, flat[:, above], float(rank - below))
 
 
 def _grid_round(G: torch.Tensor, top: torch.Tensor) -> torch.Tensor:
@@ -139,18 +140,26 @@ def _finite(A: torch.Tensor) -> torch.Tensor:
     return torch.isfinite(A).reshape(A.shape[0], -1).all(1)
 
 
+def _slots(A: torch.Tensor, q: float, iou: float, n_spans: int, fill_gaps: bool) -> torch.Tensor:
+    """[N, 3 slots + 1] int64: x, y, valid of every map's slots and its finite flag; static shapes, no host sync."""
+    N = A.shape[0]
+    A = A.double()
+    good = _finite(A)
+    x, y, v = spans(torch.where(good.view(N, 1, 1), A, 0.0), q, iou, n_spans, fill_gaps)
+    return torch.cat([x, y, v.long(), good.long().view(N, 1)], 1)
+
+
 def detect_spans(A: torch.Tensor, q: float, iou: float, n_spans: int, fill_gaps: bool = True) -> list:
     """ltri_batch.detect_spans on A's device: one copy of the slots (and the finite flags) to the host."""
     N, n = A.shape[0], A.shape[-1]
     if n == 0:
         return [[] for _ in range(N)]
-    A = A.detach().double()
-    good = _finite(A)
-    x, y, v = spans(torch.where(good.view(N, 1, 1), A, 0.0), q, iou, n_spans, fill_gaps)
-    x, y, v, good = torch.cat([x, y, v.long(), good.long().view(N, 1)], 1).cpu().split([x.shape[1]] * 3 + [1], 1)
-    if not bool(good.all()):
+    A = A.detach()
+    out = _run(_slots, A, args=(q, iou, n_spans, fill_gaps)).cpu()
+    K = (out.shape[1] - 1) // 3
+    if not bool(out[:, -1].all()):
         return LB.detect_spans(A, q, iou, n_spans, fill_gaps)
-    x, y, v = x.tolist(), y.tolist(), v.tolist()
+    x, y, v = (t.tolist() for t in out[:, :-1].split(K, 1))
     return [[(a, b) for a, b, keep in zip(x[i], y[i], v[i]) if keep] for i in range(N)]
 
 
@@ -203,36 +212,83 @@ def counts(x, y, valid, r_a, lam: float, vmin: int, budget: int, n: int, static:
     return torch.where(valid, _cap(c, L.clamp(max=vmin), budget, n), 0)
 
 
-def index_maps(A: torch.Tensor, votes: torch.Tensor, q: float, iou: float, n_spans: int, fill_gaps: bool,
-               mode: str, density: bool, lam: float, vmin: int, budget: int, static: bool = False):
-    """ltri_batch.index_maps on A's device: (picked, owner) flat on the device, the per-map sizes and span counts
-    as host lists (the one device-to-host copy)."""
+def _index(A: torch.Tensor, votes: torch.Tensor, q: float, iou: float, n_spans: int, fill_gaps: bool, mode: str,
+           density: bool, lam: float, vmin: int, budget: int, static: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out [2, cap + 1]: picks and owners at their flat positions, meta [3, N]: sizes, span counts, finite flags);
+    static shapes (cap bounds every map's picks: the budget, or the floors when they exceed it), no host sync."""
     N, n = A.shape[0], A.shape[-1]
-    A, votes = A.detach().double(), votes.detach()
+    A = A.double()
     good = _finite(A) & torch.isfinite(votes).all(1)
     Af = torch.where(good.view(N, 1, 1), A, 0.0)
     x, y, valid = spans(Af, q, iou, n_spans, fill_gaps)
     c = counts(x, y, valid, ratios(Af, x, y, valid, mode, density), lam, vmin, budget, n, static)
-    sizes, n_sp, ok = torch.stack([c.sum(1), valid.long().sum(1), good.long()]).cpu().tolist()
-    if not all(ok):
-        picked, owner, sizes, n_sp = LB.index_maps(A, votes, q, iou, n_spans, fill_gaps, mode, density, lam, vmin,
-                                                   budget, static)
-        return picked.to(A.device), owner.to(A.device), sizes, n_sp
     # each slot's votes on the slot's own grid (tie_round of the slot), stably sorted, the first `count` kept
     j = torch.arange(n, device=A.device).view(1, 1, -1)
     inside = valid[:, :, None] & (j >= x[:, :, None]) & (j <= y[:, :, None])
     R = tie_round(torch.where(inside, votes[:, None, :], torch.zeros((), dtype=votes.dtype, device=A.device)))
     order = torch.sort(torch.where(inside, R, float("-inf")), stable=True, dim=-1, descending=True).indices
-    # flat positions without a data-dependent size: slot s of map i starts at the exclusive cumsum of the counts
-    total = sum(sizes)
+    # slot s of map i starts at the exclusive cumsum of the counts; the rest goes to a dummy cell at `cap`
+    cap = N * max(budget, x.shape[1] * vmin)
     start = (torch.cumsum(c.reshape(-1), 0) - c.reshape(-1)).view(c.shape)
     take = j < c[:, :, None]
-    at = torch.where(take, start[:, :, None] + j, total).reshape(-1)
+    at = torch.where(take, start[:, :, None] + j, cap).reshape(-1)
     own = (torch.cumsum(valid.long(), 1) - 1)[:, :, None].expand(take.shape).reshape(-1)
-    out = torch.empty(2, total + 1, dtype=torch.long, device=A.device)
+    out = torch.zeros(2, cap + 1, dtype=torch.long, device=A.device)
     out[0].scatter_(0, at, order.reshape(-1))
     out[1].scatter_(0, at, own)
-    return out[0, :total], out[1, :total], sizes, n_sp
+    return out, torch.stack([c.sum(1), valid.long().sum(1), good.long()])
+
+
+def index_maps(A: torch.Tensor, votes: torch.Tensor, q: float, iou: float, n_spans: int, fill_gaps: bool,
+               mode: str, density: bool, lam: float, vmin: int, budget: int, static: bool = False):
+    """ltri_batch.index_maps on A's device: (picked, owner) flat on the device, the per-map sizes and span counts
+    as host lists (the one device-to-host copy)."""
+    args = (q, iou, n_spans, fill_gaps, mode, density, lam, vmin, budget, static)
+    out, meta = _run(_index, A.detach(), votes.detach(), args=args)
+    sizes, n_sp, ok = meta.cpu().tolist()
+    if not all(ok):
+        picked, owner, sizes, n_sp = LB.index_maps(A, votes, *args)
+        return picked.to(A.device), owner.to(A.device), sizes, n_sp
+    total = sum(sizes)
+    out = out[:, :total].clone()     # a replayed graph's output is rewritten by its next replay
+    return out[0], out[1], sizes, n_sp
+
+
+# --- CUDA graphs: the span work is a fixed sequence of a few hundred small kernels per call (static shapes, no
+# sync), so on a GPU it is captured once per (function, shapes, options) and replayed: the same kernels on the
+# same inputs (the same bits), one launch instead of hundreds of Python-issued ones.
+use_graphs = True            # False: eager launches (the bench's comparison)
+_GRAPHS: dict = {}
+
+
+def _run(fn, *tensors: torch.Tensor, args: tuple):
+    if not (use_graphs and tensors[0].is_cuda):
+        return fn(*tensors, *args)
+    key = (fn.__name__, args, torch.is_inference_mode_enabled(),
+           *((t.shape, t.dtype, t.device) for t in tensors))
+    entry = _GRAPHS.get(key)
+    if entry is None:
+        if len(_GRAPHS) >= 64:     # per-layer options could make many: start over rather than grow
+            _GRAPHS.clear()
+        entry = _GRAPHS[key] = _capture(fn, tensors, args)
+    graph, ins, out = entry
+    for s, t in zip(ins, tensors):
+        s.copy_(t)
+    graph.replay()
+    return out
+
+
+def _capture(fn, tensors, args):
+    ins = [t.clone() for t in tensors]
+    side = torch.cuda.Stream(device=ins[0].device)
+    side.wait_stream(torch.cuda.current_stream(ins[0].device))
+    with torch.cuda.stream(side):
+        fn(*ins, *args)          # warm-up: Triton compiles, index tables are cached, the allocator settles
+    torch.cuda.current_stream(ins[0].device).wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+        out = fn(*ins, *args)
+    return graph, ins, out
 
 
 def cut_blocks(maps: torch.Tensor, votes: torch.Tensor, args: tuple, where: str):
