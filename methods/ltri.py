@@ -123,22 +123,24 @@ class LtriConfig(MemoryConfig):
 
     def span_cost(self) -> str:
         """The work the span rule adds to a prefill chunk of T queries, per indexing layer (every layer without
-        retrieval heads), beyond InfLLM's: stated from the options, not timed (notes/kernels.md: measured)."""
+        retrieval heads), beyond InfLLM's, and where it runs: stated from the options, not timed (measured:
+        notes/perf_bench.md, bench/ltri_device_parity.py)."""
         T, bs, Q = self.exc_block_size, self.block_size, -(-self.spans_per_block * self.exc_block_size // self.block_size)
         cells = (T + 1) ** 2 + T // bs * (bs + 1) ** 2          # the query map's and the leaving blocks' cells
         window = self.n_local + self.n_init + self.topk * bs
         share = 25 * cells / (4 * T * window * 4096)
-        return (f"per chunk of T={T} and indexing layer, batch row B: GPU: the chunk's causal T x T map "
-                f"(O(T^2 Hq D)), the band of each token's attention to its previous {bs} (O(T (T+{bs}) Hq D)), the "
-                f"T/{bs} leaving blocks' {bs} x {bs} maps in one gather; host (methods/parts/ltri_batch.py, numpy over "
-                f"the stack of maps, a fixed sequence of vectorised calls whatever T/{bs} and B, no Python loop per block "
-                f"but theta's 1-element lerp per map): "
-                f"~25 fp64 passes over the {cells} map cells per row (prefix sums, scores, anti-diagonal argmax, "
-                f"one partition per map for theta), {self.spans_per_block} (blocks) and {Q} (queries) batched NMS "
-                f"steps, one stable sort of the blocks' votes: <= 25 x {cells} x B element operations, "
-                f"{share:.3%} of the chunk's attention FLOPs (4 T x {window} x Hq D) at Hq D = 4096; 2 device-to-host "
-                f"copies (query maps; block maps with votes), 1 host-to-device (picks), then the retrieval's; a "
-                f"prompt of n: O(n (T + {bs}) B) host work per layer")
+        return (f"per chunk of T={T} and indexing layer, batch row B: the chunk's causal T x T map (O(T^2 Hq D)), the "
+                f"band of each token's attention to its previous {bs} (O(T (T+{bs}) Hq D)), the T/{bs} leaving blocks' "
+                f"{bs} x {bs} maps in one gather; then the spans: ~25 fp64 passes over the {cells} map cells per row "
+                f"(prefix sums, scores, anti-diagonal argmax, theta's order statistics), {self.spans_per_block} "
+                f"(blocks) and {Q} (queries) greedy NMS steps, one stable sort of the blocks' votes: <= 25 x {cells} "
+                f"x B element operations, {share:.3%} of the chunk's attention FLOPs (4 T x {window} x Hq D) at Hq D "
+                f"= 4096. CUDA maps: on the device (methods/parts/ltri_device.py, one CUDA graph replay per call: the "
+                f"prefix sums as sequential scans of {T} and {bs} steps, the NMS one program per map), one device-to-"
+                f"host copy per call (query slots; the blocks' sizes and span counts), the picks staying there; the "
+                f"same bits as the host's up to libdevice's log2/exp (rate measured, notes/perf_bench.md). CPU maps: "
+                f"on the host (ltri_batch's numpy for the blocks, ltri_spans per query map). A prompt of n: "
+                f"O(n (T + {bs}) B) span work per layer")
 
     @classmethod
     def variants(cls):
