@@ -16,7 +16,7 @@ the bit reference), and what it does to Ltri's prefill (issues 33/34). GPU only:
 - prefill: Ltri (YAML defaults, offload=false) on Llama-3-8B shape at random weights, each of `--contexts` tokens,
   the span work on the device (graphs; eager launches) vs on the host (Ltri.host_spans; up to --host-max), and
   full attention; host syncs per chunk-layer counted as bench/infllm_prefill.py counts them. perf_counter around
-  a CUDA-synchronised prefill, after a --warm-token untimed prefill.
+  a CUDA-synchronised prefill, after a --warm-token untimed prefill (compiles, graph captures).
 """
 from __future__ import annotations
 
@@ -196,7 +196,9 @@ def main(argv=None):
     ap.add_argument("--contexts", type=int, nargs="+", default=[16384, 32768])
     ap.add_argument("--host-max", type=int, default=16384, help="the host span work and eager device launches only "
                     "up to this context (the host's is ~25 ms per chunk and layer)")
-    ap.add_argument("--warm", type=int, default=1024)
+    ap.add_argument("--warm", type=int, default=6144, help="tokens of the untimed prefill before each timed one: past "
+                    "n_local, so retrieval runs and the spans' Triton kernels compile and graphs are captured there "
+                    "(at 1024, b991085's run, the first timed Ltri prefill paid them)")
     ap.add_argument("--skip", nargs="*", default=[], choices=["scan", "parity", "work", "prefill"])
     ap.add_argument("--out", required=True)
     a = ap.parse_args(argv)

@@ -12,6 +12,7 @@ import torch
 from test_ltri_batch import SETTINGS, _maps, _votes
 from triton_env import needs_triton
 
+from kernels import _common
 from methods.parts import ltri_batch as LB
 from methods.parts import ltri_device as LD
 
@@ -65,6 +66,8 @@ def test_non_finite_maps_go_to_the_host_path():
 
 
 @needs_triton
+@pytest.mark.skipif(not _common.interpreter_active(), reason="CPU tensors through Triton need the interpreter "
+                    "(on a GPU: test_gpu_equals_the_host_path_on_the_test_cases)")
 def test_equal_through_the_triton_scan(monkeypatch):
     """The same bits with the prefix sums in kernels/prefix_scan.py's kernel (the GPU's path) in the interpreter."""
     monkeypatch.setenv("HARNESS_KERNELS", "triton")
