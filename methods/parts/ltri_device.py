@@ -24,6 +24,7 @@ reference's rules), after the one copy that finds them.
 from __future__ import annotations
 
 import functools
+import warnings
 
 import numpy as np
 import torch
@@ -271,6 +272,8 @@ def _run(fn, *tensors: torch.Tensor, args: tuple):
         if len(_GRAPHS) >= 64:     # per-layer options could make many: start over rather than grow
             _GRAPHS.clear()
         entry = _GRAPHS[key] = _capture(fn, tensors, args)
+    if entry is False:             # capture failed once for this key: eager launches, the same operations
+        return fn(*tensors, *args)
     graph, ins, out = entry
     for s, t in zip(ins, tensors):
         s.copy_(t)
@@ -279,15 +282,21 @@ def _run(fn, *tensors: torch.Tensor, args: tuple):
 
 
 def _capture(fn, tensors, args):
-    ins = [t.clone() for t in tensors]
-    side = torch.cuda.Stream(device=ins[0].device)
-    side.wait_stream(torch.cuda.current_stream(ins[0].device))
-    with torch.cuda.stream(side):
-        fn(*ins, *args)          # warm-up: Triton compiles, index tables are cached, the allocator settles
-    torch.cuda.current_stream(ins[0].device).wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, capture_error_mode="thread_local"):
-        out = fn(*ins, *args)
+    dev = tensors[0].device
+    with torch.cuda.device(dev):   # the capture stream is the current device's
+        ins = [t.clone() for t in tensors]
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            fn(*ins, *args)        # warm-up: Triton compiles, index tables are cached, the allocator settles
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        try:
+            with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+                out = fn(*ins, *args)
+        except RuntimeError as e:  # an operation this torch cannot capture: say so once, run eagerly
+            warnings.warn(f"ltri_device: CUDA graph capture of {fn.__name__} failed ({e}); eager launches instead")
+            return False
     return graph, ins, out
 
 
