@@ -90,3 +90,19 @@ def test_gpu_equals_the_host_path_on_the_test_cases():
     for seed, kind in itertools.product(range(3), ("rand", "ties", "planted")):
         A = _maps(2, 512, seed, kind)
         assert LD.detect_spans(A.cuda(), 0.9, 0.1, 16) == LB.detect_spans(A, 0.9, 0.1, 16)
+
+
+@pytest.mark.parametrize("variant", [0, 1, 2])
+def test_ltri_logits_equal_with_the_device_path(monkeypatch, variant):
+    """The whole method with its span work on the device path (forced on the CPU: ltri_device's torch operations,
+    the picks kept as tensors, Ltri's wiring of both) gives the host path's logits bit for bit."""
+    from test_methods_common import decode_logits, tiny_model
+
+    from methods.ltri import Ltri, LtriConfig
+
+    model = tiny_model()
+    cfg = {"name": "ltri", **LtriConfig.variants()[variant]}
+    ids = torch.randint(0, 128, (2, 40), generator=torch.Generator().manual_seed(variant))
+    host = decode_logits(model, cfg, ids, 34)
+    monkeypatch.setattr(Ltri, "_span_work", lambda self, A: "device")
+    assert torch.equal(decode_logits(model, cfg, ids, 34), host)
