@@ -25,7 +25,7 @@ TACTIC_CODE = ENGINE_CODE + ("bench/tactic.py", "methods/tactic.py", "methods/pa
 MULTIGPU_CODE = ENGINE_CODE + ("bench/multigpu.py", "runners/pipeline.py", "runners/pipeline_graphs.py",
                                "runners/placement.py", "runners/plan.py", "methods/tidal.py", "methods/quest.py")
 LTRI_SPAN_CODE = ("bench/ltri_span_work.py", "methods/ltri.py", "methods/parts/ltri_spans.py", "methods/parts/ltri_batch.py",
-                  "methods/infllm.py")
+                  "methods/infllm.py", "methods/parts/ltri_device.py", "kernels/prefix_scan.py", "kernels/span_nms.py")
 # Benchmark files that no catalogue item renders but the README or an issue's bar quotes (engine vs HF
 # StaticCache; bounded-cache decode at 1M vs full at the cache size; Tactic's clustering cost and decode).
 HARNESS_FILES = [

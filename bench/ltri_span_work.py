@@ -9,7 +9,9 @@ block) against the batched one (methods/parts/ltri_batch.py), in one process (is
 - prefill: the whole Ltri prefill (YAML defaults, `--prompt` random tokens) of a tiny random Llama (the tests'
   shape: hidden 64, 4 heads, 2 KV heads, `--model-layers` layers), reference vs batched; logits checked equal.
 perf_counter seconds, least of `--repeat` (the prefill: each path `--repeat` times, alternating; span_s_in_prefill:
-the seconds inside the span functions, per prefill); a shared CPU: compare the ratios of one run.
+the seconds inside the span functions, per prefill); a shared CPU: compare the ratios of one run. Ltri's query maps
+go map by map on the host in both paths now (faster on one core); the GPU path (methods/parts/ltri_device.py) has
+its own bench, bench/ltri_device_parity.py.
 """
 from __future__ import annotations
 

@@ -4,8 +4,8 @@ by the semantic spans their attention map shows as triangles.
 
 - The layer keeps a band of its attention map: for each recent token, the joint-softmax probability it
   gave to each of the previous block_size tokens, summed over query heads (Eq. 4).
-- When a block leaves the window its map is cut into spans (methods/parts/ltri_spans.py, the rules, batched over
-  a chunk's leaving blocks by methods/parts/ltri_batch.py, on the host: triangle
+- When a block leaves the window its map is cut into spans (methods/parts/ltri_spans.py, the rules; batched over a
+  chunk's leaving blocks on the maps' GPU by ltri_device.py, on the host by ltri_batch.py, the same bits: triangle
   scores with a baseline theta via prefix sums, one candidate per anti-diagonal, 1-D NMS with IoU phi), and each
   span keeps ceil(len * exp(-lambda (1 - r_a))) index vectors (Eq. 7): the keys of its tokens that
   received the most local attention, r_a comparing the span's triangle with its neighbours (Omega).
@@ -37,6 +37,7 @@ from methods.base import register
 from methods.config import option
 from methods.infllm import InfLLM, MemoryConfig, _reuse
 from methods.parts import ltri_batch as LB
+from methods.parts import ltri_device as LD
 from methods.parts.selection import tie_round, top_first
 from methods.parts.stores_blocks import IndexVectors
 
@@ -122,22 +123,24 @@ class LtriConfig(MemoryConfig):
 
     def span_cost(self) -> str:
         """The work the span rule adds to a prefill chunk of T queries, per indexing layer (every layer without
-        retrieval heads), beyond InfLLM's: stated from the options, not timed (notes/kernels.md: measured)."""
+        retrieval heads), beyond InfLLM's, and where it runs: stated from the options, not timed (measured:
+        notes/perf_bench.md, bench/ltri_device_parity.py)."""
         T, bs, Q = self.exc_block_size, self.block_size, -(-self.spans_per_block * self.exc_block_size // self.block_size)
         cells = (T + 1) ** 2 + T // bs * (bs + 1) ** 2          # the query map's and the leaving blocks' cells
         window = self.n_local + self.n_init + self.topk * bs
         share = 25 * cells / (4 * T * window * 4096)
-        return (f"per chunk of T={T} and indexing layer, batch row B: GPU: the chunk's causal T x T map "
-                f"(O(T^2 Hq D)), the band of each token's attention to its previous {bs} (O(T (T+{bs}) Hq D)), the "
-                f"T/{bs} leaving blocks' {bs} x {bs} maps in one gather; host (methods/parts/ltri_batch.py, numpy over "
-                f"the stack of maps, a fixed sequence of vectorised calls whatever T/{bs} and B, no Python loop per block "
-                f"but theta's 1-element lerp per map): "
-                f"~25 fp64 passes over the {cells} map cells per row (prefix sums, scores, anti-diagonal argmax, "
-                f"one partition per map for theta), {self.spans_per_block} (blocks) and {Q} (queries) batched NMS "
-                f"steps, one stable sort of the blocks' votes: <= 25 x {cells} x B element operations, "
-                f"{share:.3%} of the chunk's attention FLOPs (4 T x {window} x Hq D) at Hq D = 4096; 2 device-to-host "
-                f"copies (query maps; block maps with votes), 1 host-to-device (picks), then the retrieval's; a "
-                f"prompt of n: O(n (T + {bs}) B) host work per layer")
+        return (f"per chunk of T={T} and indexing layer, batch row B: the chunk's causal T x T map (O(T^2 Hq D)), the "
+                f"band of each token's attention to its previous {bs} (O(T (T+{bs}) Hq D)), the T/{bs} leaving blocks' "
+                f"{bs} x {bs} maps in one gather; then the spans: ~25 fp64 passes over the {cells} map cells per row "
+                f"(prefix sums, scores, anti-diagonal argmax, theta's order statistics), {self.spans_per_block} "
+                f"(blocks) and {Q} (queries) greedy NMS steps, one stable sort of the blocks' votes: <= 25 x {cells} "
+                f"x B element operations, {share:.3%} of the chunk's attention FLOPs (4 T x {window} x Hq D) at Hq D "
+                f"= 4096. CUDA maps: on the device (methods/parts/ltri_device.py, one CUDA graph replay per call: the "
+                f"prefix sums as sequential scans of {T} and {bs} steps, the NMS one program per map), one device-to-"
+                f"host copy per call (query slots; the blocks' sizes and span counts), the picks staying there; the "
+                f"host's bits (0 of 2,816 maps differed on an H100, notes/perf_bench.md; ~1.4 ms a chunk-layer). CPU: "
+                f"on the host (ltri_batch's numpy for the blocks, ltri_spans per query map). A prompt of n: "
+                f"O(n (T + {bs}) B) span work per layer")
 
     @classmethod
     def variants(cls):
@@ -162,6 +165,7 @@ class Ltri(InfLLM):
     name = "ltri"
     Config = LtriConfig
     reference_spans = False   # True: the spans map by map (ltri_spans, the reference), for parity tests and benches
+    host_spans = False        # True: the span work on the host (ltri_batch) even for CUDA maps: the bench's before
 
     def __init__(self, cfg):
         super().__init__(cfg)
@@ -271,23 +275,12 @@ class Ltri(InfLLM):
         """Index vectors of the blocks leaving the window at this step (all of a prefill chunk's at once)."""
         if layer not in self.own or not blocks:
             return
-        c, h, B = self.cfg, self.own[layer], self.batch
+        h, B = self.own[layer], self.batch
         maps = self.block_maps(layer, [i for i, _, _ in blocks])                   # [n, B, bs, bs]
         votes = torch.stack([score[:, h] if h is not None else score.sum(1) for _, _, score in blocks])  # [n, B, bs]
-        # the spans and the picks: one transfer of every leaving block's maps and votes to the host, a fixed
-        # sequence of batched operations over all of them there (methods/parts/ltri_batch.py, the reference's
-        # bits), one transfer of the picked indices back
-        if votes.dtype == maps.dtype:    # one device-to-host copy of both (fp32)
-            both = torch.cat([maps, votes.unsqueeze(2)], 2).detach().cpu().flatten(0, 1)
-            A, votes = both[:, :-1], both[:, -1]
-        else:
-            A, votes = maps.flatten(0, 1), votes.detach().cpu().flatten(0, 1)
-        cut = LB.index_maps_reference if self.reference_spans else LB.index_maps
-        picked, owner, sizes, n_spans = cut(
-            A, votes, c.per_layer(c.theta_quantile, layer),
-            c.per_layer(c.iou, layer), c.spans_per_block, c.fill_gaps, c.ratio_mode, c.ratio_area == "density",
-            c.lam_of(layer), c.min_vectors, c.max_vectors, static=c.index == "static")
-        both = torch.stack([picked, owner]).to(maps.device)
+        picked, owner, sizes, n_spans = LD.cut_blocks(maps.flatten(0, 1), votes.flatten(0, 1), self._span_args(layer),
+                                                      self._span_work(maps))
+        both = torch.stack([picked, owner])
         parts = list(zip(both[0].split(sizes), both[1].split(sizes)))
         for j, (i, k, _) in enumerate(blocks):
             keys = self._space(layer, k, kv=True)                                 # [B, bs, dim]
@@ -295,6 +288,19 @@ class Ltri(InfLLM):
                 idx, own = parts[j * B + b]
                 self.index.add(layer, b, i, keys[b, idx], own, n_spans[j * B + b])
             self.vectors_per_block.setdefault(layer, []).append(sum(sizes[j * B:(j + 1) * B]) / B)
+
+    def _span_args(self, layer: int) -> tuple:
+        c = self.cfg
+        return (c.per_layer(c.theta_quantile, layer), c.per_layer(c.iou, layer), c.spans_per_block, c.fill_gaps,
+                c.ratio_mode, c.ratio_area == "density", c.lam_of(layer), c.min_vectors, c.max_vectors,
+                c.index == "static")
+
+    def _span_work(self, A: torch.Tensor) -> str:
+        """Where the span work runs: CUDA maps on their device (methods/parts/ltri_device.py), others (or
+        host_spans) on the host; reference_spans: map by map (ltri_spans)."""
+        if self.reference_spans:
+            return "reference"
+        return "device" if A.is_cuda and not self.host_spans else "host"
 
     # --- retrieval -------------------------------------------------------------------------------------
     def query_spans(self, layer: int) -> list[list[tuple[int, int]]]:
@@ -307,9 +313,10 @@ class Ltri(InfLLM):
         causal = torch.ones(T, T, dtype=torch.bool, device=s.device).tril()
         A = torch.softmax(s.masked_fill(~causal, float("-inf")), -1).sum(1)
         n_spans = max(1, math.ceil(c.spans_per_block * T / c.block_size))
-        # one transfer; the batch rows' maps cut at once on the host (methods/parts/ltri_batch.py)
-        cut = LB.detect_spans_reference if self.reference_spans else LB.detect_spans
-        return cut(A, c.per_layer(c.theta_quantile, layer), c.per_layer(c.iou, layer), n_spans, c.fill_gaps)
+        args = (c.per_layer(c.theta_quantile, layer), c.per_layer(c.iou, layer), n_spans, c.fill_gaps)
+        # on the device: one copy of the slots to the host. On the host map by map (ltri_spans): on a 512 x 512
+        # map twice as fast as ltri_batch's stack on one core, as fast for a few rows (notes/perf_bench.md)
+        return (LD.detect_spans if self._span_work(A) == "device" else LB.detect_spans_reference)(A, *args)
 
     def block_scores(self, layer: int, q_mem: torch.Tensor) -> torch.Tensor:
         """[B, n_blocks] fp32: Eq. 9 (best Eq. 8 similarity of a block's spans over the query spans)."""
