@@ -78,8 +78,7 @@ def test_offload_holds_less_device_memory_flat_in_context_same_outputs():
     on_64k, reprs_64k, _, m64 = _run(True, 65536)
     # flat: what grows from 16K to 64K is only the representative keys (64 KiB per block here)
     assert (on_64k - reprs_64k) - (on_16k - reprs_16k) <= 4 << 20
-    assert m64.store.host_bytes() >= 65536 * 2 * INFO.num_layers * 8 * 128 * 2
-    assert m64.memory.host_bytes() >= m64.formed_blocks * kv_block
+    assert m64.memory.host_bytes() >= m64.formed_blocks * kv_block     # the host path: blocks, no positional store
 
 
 def test_device_path_offload_holds_less_device_memory_flat_in_context_same_outputs():
