@@ -1,5 +1,5 @@
 """Ltri-LLM (Tang, Xiu et al., arXiv 2412.04757; no public code): InfLLM's context memory (sinks, local
-window, 128-token blocks offloaded behind an LRU cache, memory at a fixed distance) with blocks indexed
+window, 128-token blocks offloaded to pinned host memory, memory at a fixed distance) with blocks indexed
 by the semantic spans their attention map shows as triangles.
 
 - The layer keeps a band of its attention map: for each recent token, the joint-softmax probability it
