@@ -191,7 +191,7 @@ class InfLLM(HostPath, Method):
         self.geo = Geometry.of(self.first, step.length, c.n_init, c.n_local, c.block_size)
         width = c.n_init + c.topk * c.block_size + c.block_size + (0 if decode else self.largest_chunk())
         dev = step.positions.device
-        self.pending.prepare(self.first, self.ring_size)
+        self.pending_at = self.pending.prepare(self.first, self.ring_size)     # (due, slots)
         if not decode:      # a prefill chunk's kernel reads the block ids (no token index)
             return
         self.layout = self.stage.layout(self.geo, width, dev) if self.offloaded else \
@@ -213,7 +213,7 @@ class InfLLM(HostPath, Method):
         ring, decode = self.ring, step.phase == "decode"
         if self.device_path:   # the last decode step's local mass first (PendingMass), then this step's keys
             if decode or self.pending.held:
-                self.pending.fold(layer, ring.score[layer])
+                self.pending.fold(layer, ring.score[layer], *self.pending_at)
             if not decode:
                 self.pending.clear(layer)
             self.store.write(layer, pos, k, v)

@@ -213,17 +213,17 @@ class PendingMass:
         self.pos.fill_(-1)
         self.held = False
 
-    def prepare(self, a, ring_size: int) -> None:
-        """At the start of a step whose first position is `a` (int or [1]): where the pending masses go and
-        whether they are due. Every layer holds (or clears) at the same step, so layer 0's position is
-        every layer's."""
+    def prepare(self, a, ring_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """At the start of a step whose first position is `a` (int or [1]): (due, slots), whether the pending
+        masses are due and where they go. Every layer holds (or clears) at the same step, so layer 0's
+        position is every layer's. Step state: the method keeps it (a model split over GPUs hands the
+        method's attributes to the next GPU's instance, not its storage objects' own)."""
         p = self.pos[0]
-        self._take = (p >= 0) & (p < a)
-        self._slots = (p - torch.arange(self.mass.shape[-1], device=p.device)).remainder(ring_size)
+        return (p >= 0) & (p < a), (p - torch.arange(self.mass.shape[-1], device=p.device)).remainder(ring_size)
 
-    def fold(self, layer: int, score: torch.Tensor) -> None:
+    def fold(self, layer: int, score: torch.Tensor, due: torch.Tensor, slots: torch.Tensor) -> None:
         """score [B, Hq, R] += the pending mass of `layer` if it is from a position before this step's."""
-        score.index_add_(2, self._slots, torch.where(self._take, self.mass[layer], 0.0))
+        score.index_add_(2, slots, torch.where(due, self.mass[layer], 0.0))
 
     def hold(self, layer: int, mass: torch.Tensor, a: torch.Tensor) -> None:
         self.mass[layer].copy_(mass)
