@@ -102,7 +102,7 @@ def run_cell(model, info, cfg: dict, ids, warmup: int, steps: int, timer: Clock,
         out = {"prefill_s": prefill_s, "first_decode_s": first_s, "decode_ms": 1e3 * statistics.median(per_step),
                "decode_ms_min": 1e3 * min(per_step), "decode_ms_max": 1e3 * max(per_step),
                "graphs": eng.graphs is not None, "attended_mean": stats.get("attended_mean")}
-        if staged is not None:
+        if staged is not None and steps:
             out["moved_bytes_per_step"] = (stats["staged_bytes"] - staged) / steps
         if device.type == "cuda":
             torch.cuda.synchronize()

@@ -21,7 +21,7 @@ vectors, 2 x D values):
              benchmark passes the bytes it measured per step (the method's `staged_bytes`), as it passes
              Tactic's attended tokens; without a measurement the floor counts none (all hits).
 The time floor divides reads by a measured copy rate (bench.engine.copy_bandwidth) or 3.0 TB/s, and moves by
-a measured host-to-device rate (bench.engine.h2d_bandwidth) or 50 GB/s (PCIe 5.0 x16's ~64 less overhead).
+a measured host-to-device rate (bench.every_method.h2d_bandwidth) or 50 GB/s (PCIe 5.0 x16's ~64 less overhead).
 
 Every registered method must have an entry in ROWS (the tests fail otherwise), and one in
 BUDGET_KNOB: the option that sets its token budget (tokens per head), used by the every-method
