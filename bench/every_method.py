@@ -23,7 +23,7 @@ then covers the most methods). A failure (out of memory, an error) is a row with
 method. The file is rewritten after every row (`complete` false until the end): a call cut by its time limit
 keeps the rows that ran, the others skipped rows that say so.
 BENCH_TIME_BUDGET (seconds, default 540: one device call): a cell whose projected prefill (this method's
-time on the first cell, or on its short run, x full attention's ratio between the two) would end past it is recorded as
+time on the first cell, or on its short run, projected by `project`) would end past it is recorded as
 skipped, with why. The whole table needs more than one 10-minute call today (prefills at 128K of
 15-170 s per method): run it where a call may take longer, with the budget raised.
 """
@@ -59,6 +59,16 @@ def h2d_bandwidth(device, clock, nbytes: int = 1 << 28, repeat: int = 5) -> floa
     dst = torch.empty(src.shape, dtype=src.dtype, device=device)
     dst.copy_(src, non_blocking=True)                        # warm-up
     return nbytes / clock(lambda: dst.copy_(src, non_blocking=True), repeat)
+
+
+def project(method_s: float, full_s: float, full_at_cell_s: float, tokens: int, cell_tokens: int) -> float:
+    """A method's prefill at a cell, from its prefill and full attention's on a shorter run and full's at the
+    cell: the part it shares with full scales as full's did (attention: quadratic), what it spends beyond
+    full per token (pattern estimation, span work, score passes) linearly. Scaling the whole of it as full's
+    projected MInference's ~20-s prefill at 128K to 148 s from a 2K run (its fixed cost times full's 170x)
+    and skipped the row."""
+    shared = min(method_s, full_s) / full_s * full_at_cell_s
+    return shared + max(0.0, method_s - full_s) * cell_tokens / tokens
 
 
 def method_cfg(name: str, budget: int, model: str, random_heads: str, info) -> tuple[dict, str]:
@@ -207,11 +217,12 @@ def main(argv=None):
     timer = Clock(device)
     gen = torch.Generator().manual_seed(0)
     cfgs, broken, rows, warm_prefill = {}, {}, [], {}
+    warm_tokens = min(2048, cells[0][0])
     for name in names:                   # configs and a short untimed run (compilation, graph capture)
         try:
             cfg, note = method_cfg(base[name], args.budget, args.model, args.random_heads, info)
             cfgs[name] = ({**cfg, **variants[name][1]} if name in variants else cfg), note
-            warm_ids = torch.randint(0, info.vocab_size, (1, min(2048, cells[0][0])), generator=gen).to(device)
+            warm_ids = torch.randint(0, info.vocab_size, (1, warm_tokens), generator=gen).to(device)
             # twice: the first run compiles (Triton) and captures, so its prefill says little of the method's
             # cost (Ltri-LLM's host-bound 212-s prefill at 128K ran before 30-s ones, 2026-11-28); the second
             # orders the rows and projects their prefill at the cell
@@ -243,11 +254,12 @@ def main(argv=None):
             row = {"method": name, "context": C, "batch": B, "heads": heads,
                    "semantics": {k: v for k, v in cfg.items() if k != "name"}}
             left = time_budget - (time.time() - t_start)
-            guess = None          # this method's prefill on the first cell (else on the short run), scaled as full's
+            guess = None          # this method's prefill on the first cell (else on the short run), projected
             if name in first_prefill and full_prefill.get((C, B)) and full_prefill.get(cells[0]):
-                guess = first_prefill[name] * full_prefill[(C, B)] / full_prefill[cells[0]]
+                guess = project(first_prefill[name], full_prefill[cells[0]], full_prefill[(C, B)],
+                                cells[0][0] * cells[0][1], C * B)
             elif name in warm_prefill and full_prefill.get((C, B)) and warm_prefill.get("full"):
-                guess = warm_prefill[name] * full_prefill[(C, B)] / warm_prefill["full"]
+                guess = project(warm_prefill[name], warm_prefill["full"], full_prefill[(C, B)], warm_tokens, C * B)
             if name in broken:
                 row.update(status="error", error=broken[name])
             elif left <= 0 or (guess is not None and guess > left):

@@ -218,3 +218,14 @@ def test_offloaded_memory_floor_counts_measured_moves_at_the_host_rate():
     assert base.moves == 0 and moved.moves == 268e6 and moved.kv == base.kv
     assert moved.ms(3e12, 50e9) == pytest.approx(base.ms(3e12, 50e9) + 1e3 * 268e6 / 50e9)
     assert moved.as_dict(3e12, 50e9)["moves_gb"] == pytest.approx(0.268)
+
+
+def test_prefill_projection_scales_the_excess_over_full_linearly():
+    from bench.every_method import project
+
+    # as full: full's time at the cell; half of full: half of it
+    assert project(0.1, 0.1, 17.0, 2048, 131072) == pytest.approx(17.0)
+    assert project(0.05, 0.1, 17.0, 2048, 131072) == pytest.approx(8.5)
+    # a fixed cost beyond full's (MInference's pattern estimation) grows with the tokens, not as attention:
+    # 0.77 s over full on 2K tokens -> 64 x 0.77 s more at 128K, not 8.7 x 170 (the old 148-s projection)
+    assert project(0.87, 0.1, 17.0, 2048, 131072) == pytest.approx(17.0 + 0.77 * 64)
