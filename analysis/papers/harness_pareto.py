@@ -17,6 +17,7 @@ with a 4096-token stride (its 100K default exceeds SmolLM2's 8192 positions).
 from __future__ import annotations
 
 import math
+import textwrap
 from pathlib import Path
 
 import pandas as pd
@@ -96,27 +97,41 @@ Y_LABEL = ("NIAH accuracy (%): SmolLM2-135M-Instruct, 4096 tokens, budget 512 = 
            "95% Wilson interval")
 
 
+def _label_lifts(ok: pd.DataFrame, dx: float = 0.12, dy: float = 4.0) -> dict:
+    """Labels of points that nearly coincide (several methods at the same accuracy and speed) are stacked,
+    one line up each, so that every name stays readable."""
+    lift, placed = {}, []
+    for r in ok.sort_values(["accuracy", "speedup_vs_full"]).itertuples():
+        near = [n for (x, y, n) in placed if abs(x - r.speedup_vs_full) < dx and abs(y - r.accuracy) < dy]
+        lift[r.method] = max((lift[n] for n in near), default=-1) + 1
+        placed.append((r.speedup_vs_full, r.accuracy, r.method))
+    return lift
+
+
 def figure(f: pd.DataFrame, device: str):
     plt = render._plt()
     fig, ax = plt.subplots(figsize=(8.5, 6))
     ok = f.dropna(subset=["speedup_vs_full", "accuracy"])
+    lift = _label_lifts(ok)
     for r in ok.itertuples():
         lo, hi = r.accuracy - r.ci_lo, r.ci_hi - r.accuracy
         ax.errorbar([r.speedup_vs_full], [r.accuracy], yerr=[[max(lo, 0)], [max(hi, 0)]], fmt="o",
                     color="tab:red" if r.pareto else "tab:blue", capsize=3)
-        ax.annotate(r.method, (r.speedup_vs_full, r.accuracy), textcoords="offset points", xytext=(4, 4), fontsize=8)
+        ax.annotate(r.method, (r.speedup_vs_full, r.accuracy), textcoords="offset points",
+                    xytext=(4, 4 + 9 * lift[r.method]), fontsize=8,
+                    arrowprops={"arrowstyle": "-", "lw": 0.4, "color": "grey"} if lift[r.method] else None)
     fr = ok[ok["pareto"]].sort_values("speedup_vs_full")
     if len(fr):
         ax.step(fr["speedup_vs_full"], fr["accuracy"], where="post", color="tab:red", lw=1, label="Pareto front")
         ax.legend(loc="lower left", fontsize=8)
     ax.axvline(1.0, color="grey", lw=0.5, ls="--")
-    ax.set_xlabel(X_LABEL + f" ({device})", fontsize=8)
-    ax.set_ylabel(Y_LABEL, fontsize=8)
+    ax.set_xlabel(textwrap.fill(X_LABEL + f" ({device})", 110), fontsize=8)
+    ax.set_ylabel(textwrap.fill(Y_LABEL, 70), fontsize=8)
     ax.set_title("harness.pareto: accuracy vs decode speed-up, one budget ratio (1/8)")
     missing = f[f["speedup_vs_full"].isna() | f["accuracy"].isna()]["method"].tolist()
     if missing:
-        ax.text(0.01, 0.99, "not shown (no speed or no accuracy): " + ", ".join(missing), transform=ax.transAxes,
-                va="top", fontsize=7, wrap=True)
+        ax.text(0.99, 0.01, "not shown (no speed or no accuracy): " + ", ".join(missing), transform=ax.transAxes,
+                ha="right", va="bottom", fontsize=7, wrap=True)
     fig.tight_layout()
     return fig
 
