@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 
 from kernels.lse import decode_attention_lse, merge_attention, sparse_decode_tokens_lse
-from kernels.memory_decode import two_part_decode_lse, two_part_workspace
+from kernels.memory_decode import two_part_decode_mass, two_part_workspace
 from kernels.memory_prefill import two_part_prefill_lse
 from kernels.window import FAR, window_mass
 from methods.base import Method, Step, register
@@ -197,10 +197,9 @@ class InfLLM(HostPath, Method):
         self.layout = self.stage.layout(self.geo, width, dev) if self.offloaded else \
             MemoryLayout(self.geo, c.n_init, c.block_size, width, Hkv, self.store.k.shape[3], dev)
         a, n = self.first, c.n_local
+        self.local_pos = self.local_slots = self.rem_slots = None   # the kernels take them from `first`
         lpos = a - torch.arange(n, device=a.device)
-        self.local_pos, self.local_valid, self.rem_slots = lpos, lpos >= 0, None
-        self.local_slots = lpos.remainder(self.ring_size)
-        self.local_index = self.local_slots.to(torch.int32).view(1, 1, n).expand(B, Hkv, n).contiguous()
+        self.local_index = lpos.remainder(self.ring_size).to(torch.int32).view(1, 1, n).expand(B, Hkv, n).contiguous()
         self.local_counts = (a + 1).clamp(max=n).to(torch.int32).expand(B, Hkv).contiguous()
         self.mem_angle = torch.full((1,), c.distance, dtype=torch.long, device=a.device)
 
@@ -236,11 +235,15 @@ class InfLLM(HostPath, Method):
             n_mem = self.fill_memory(layer, q_mem)
         if decode:
             q1 = q_rot[:, :, 0].contiguous()
-            if self.device_path:   # window and memory in one combine (kernels/memory_decode.py)
-                out, lse = two_part_decode_lse(q1, ring.k_rot[layer], ring.v[layer], self.local_index,
-                                               self.local_counts, q_mem[:, :, 0].contiguous(), k2, v2,
-                                               m_index, m_counts, scale, scores=self.scratch,
-                                               workspace=self.partials)
+            if self.device_path:   # window and memory in one combine, the local mass held (kernels/memory_decode.py)
+                out, lse = two_part_decode_mass(q1, ring.k_rot[layer], ring.v[layer], self.local_index,
+                                                self.local_counts, q_mem[:, :, 0].contiguous(), k2, v2,
+                                                m_index, m_counts, scale, scores=self.scratch, first=self.first,
+                                                ring_size=self.ring_size, mass_out=self.pending.mass[layer],
+                                                pos_out=self.pending.pos[layer], workspace=self.partials)
+                self.pending.held = True
+                self.observe(layer, q_rot, lse.unsqueeze(-1), self.pending.mass[layer])
+                self.record(layer, self.local_counts + m_counts)
             else:
                 out_l, lse_l = sparse_decode_tokens_lse(q1, ring.k_rot[layer], ring.v[layer], self.local_index,
                                                         self.local_counts, scale, scores=self.scratch)
@@ -248,11 +251,10 @@ class InfLLM(HostPath, Method):
                 out_g, lse_g = decode_attention_lse(q_mem[:, :, 0].contiguous(), self.buf_k[layer],
                                                     self.buf_v[layer], lengths, scale, max_length=n_mem)
                 out, lse = merge_attention([(out_l, lse_l), (out_g, lse_g)])
-            raw = self.scratch.index_select(-1, self.local_slots)
-            ok = torch.isfinite(raw) & self.local_valid if self.device_path else torch.isfinite(raw)
-            mass = torch.where(ok, torch.exp(raw * scale - lse.unsqueeze(-1)), 0.0)
-            self.observe(layer, q_rot, lse.unsqueeze(-1), raw)
-            self.record(layer, self.local_counts + m_counts if self.device_path else self.local_pos.numel() + n_mem)
+                raw = self.scratch.index_select(-1, self.local_slots)
+                mass = torch.where(torch.isfinite(raw), torch.exp(raw * scale - lse.unsqueeze(-1)), 0.0)
+                self.observe(layer, q_rot, lse.unsqueeze(-1), raw)
+                self.record(layer, self.local_pos.numel() + n_mem)
             out = out.view(B, 1, Hq * D)
         else:
             # one kernel over the window (the ring in place, each slot at its position) and the memory, one
@@ -275,12 +277,10 @@ class InfLLM(HostPath, Method):
             mass = window_mass(q_rot, ring.k_rot[layer], scale, self.q_pos, self.ring_pos, lse, 0, c.n_local - 1)
             self.observe(layer, q_rot, lse, None)
             out = out.transpose(1, 2).reshape(B, T, Hq * D)
-        if self.device_path and decode:
-            self.pending.hold(layer, mass, self.first)
-        elif decode:
-            ring.score[layer].index_add_(2, self.local_slots, mass)
-        else:               # every slot's mass (0 out of every window)
+        if not decode:      # every slot's mass (0 out of every window)
             ring.score[layer].add_(mass)
+        elif not self.device_path:   # (the device path held its mass: two_part_decode_mass)
+            ring.score[layer].index_add_(2, self.local_slots, mass)
         if not step.graphed:      # graphed decode: the engine's host hooks form blocks (correction_span)
             self.after_step(layer, q_mem)
         return out
@@ -305,7 +305,8 @@ class InfLLM(HostPath, Method):
 
     def observe(self, layer, q_rot, lse, raw_local) -> None:
         """After the attention of a step: q_rot [B, Hq, T, D], the merged lse [B, Hq, T], in decode the raw
-        local logits at local_slots [B, Hq, n]. InfLLM needs nothing more (Ltri-LLM records its map)."""
+        local logits at local_slots [B, Hq, n] (host path), or on the device path the local window's held
+        mass [B, Hq, n_local], newest first. InfLLM needs nothing more (Ltri-LLM records its map)."""
 
     def select(self, layer: int, q_mem: torch.Tensor) -> list[list[list[int]]]:
         """Block ids per (sequence, retrieval unit): every block while there are at most topk, else the
