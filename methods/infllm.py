@@ -189,13 +189,9 @@ class InfLLM(HostPath, Method):
         decode = step.phase == "decode"
         self.first = step.positions[:1] if decode else step.start
         self.geo = Geometry.of(self.first, step.length, c.n_init, c.n_local, c.block_size)
-        width = c.n_init + c.topk * c.block_size + c.block_size + (0 if decode else self.largest_chunk())
-        dev = step.positions.device
         self.pending_at = self.pending.prepare(self.first, self.ring_size)     # (due, slots)
         if not decode:      # a prefill chunk's kernel reads the block ids (no token index)
             return
-        self.layout = self.stage.layout(self.geo, width, dev) if self.offloaded else \
-            MemoryLayout(self.geo, c.n_init, c.block_size, width, Hkv, self.store.k.shape[3], dev)
         a, n = self.first, c.n_local
         self.local_pos = self.local_slots = self.rem_slots = None   # the kernels take them from `first`
         lpos = a - torch.arange(n, device=a.device)
@@ -225,12 +221,15 @@ class InfLLM(HostPath, Method):
             ids, counts = self._selected[layer] = self.select_device(layer, q_mem)
             if decode:   # token positions for the split kernel; a prefill chunk's kernel reads the block ids
                 k2, v2 = self.store.k[layer], self.store.v[layer]
+                width = c.n_init + c.topk * c.block_size + c.block_size   # (a layout holds no tensor: built here)
                 if self.offloaded:   # new blocks from host memory into their slots; columns of the buffer
                     m_index, m_counts = self.stage.decode(layer, self.store, ring.k_raw[layer], ring.v[layer], ids,
-                                                          counts, self.geo, self.ring_size, self.layout)
+                                                          counts, self.geo, self.ring_size,
+                                                          self.stage.layout(self.geo, width, q.device))
                     k2, v2 = self.stage.k[layer], self.stage.v[layer]
                 else:
-                    m_index, m_counts = self.layout.index(ids, counts)
+                    m_index, m_counts = MemoryLayout(self.geo, c.n_init, c.block_size, width, self.info.num_kv_heads,
+                                                     k2.shape[2]).index(ids, counts)
         else:
             n_mem = self.fill_memory(layer, q_mem)
         if decode:

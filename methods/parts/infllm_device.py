@@ -21,10 +21,11 @@ step's own mass (its last token is out of that query's window), so representativ
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
+from kernels.memory_index import memory_positions
 from kernels.memory_stage import scatter_rows
 from kernels.topk import topk_positions
 
@@ -108,10 +109,10 @@ def _pinned(shape, dtype, store: PositionalStore) -> torch.Tensor:
         return torch.empty(shape, dtype=dtype, pin_memory=True)
 
 
-@dataclass
-class Geometry:
+class Geometry(NamedTuple):
     """The memory of one step: init_len sinks, n_blocks formed blocks, the remainder [rem_start,
-    rem_start + rem_len). Ints (prefill) or int64 [1] device tensors (decode)."""
+    rem_start + rem_len). Ints (prefill) or int64 [1] device tensors (decode). A tuple: a model split over
+    GPUs hands its tensors on to the next GPU (runners/pipeline.py moves tuples, not other classes)."""
 
     init_len: object
     n_blocks: object
@@ -139,39 +140,22 @@ def staged(geo: Geometry, cfg) -> tuple[int, int]:
 
 
 class MemoryLayout:
-    """Token positions of the memory per (sequence, KV head): [sinks | retrieved blocks | remainder]. What
-    does not depend on the layer's retrieval (columns, sinks, remainder) is built once per step; `index`
-    adds a layer's blocks (a handful of kernels per layer in the decode step)."""
+    """Token positions of the memory per (sequence, KV head): [sinks | retrieved blocks | remainder], for one
+    step's geometry. `index` adds a layer's blocks: one kernel (kernels/memory_index.py) in the decode step;
+    the layout itself holds no tensor of its own (nothing per step to build or to hand between GPUs)."""
 
     def __init__(self, geo: Geometry, n_init: int, block_size: int, width: int, kv_heads: int, capacity: int,
-                 device):
+                 device=None):
         self.geo, self.n_init, self.bs, self.kv_heads, self.capacity = geo, n_init, block_size, kv_heads, capacity
-        j = torch.arange(width, device=device)
-        self.off = j - geo.init_len                                         # column within blocks
-        self.sink = j < geo.init_len
-        self.blk_col = self.off.div(block_size, rounding_mode="floor").clamp(min=0)
-        self.within = n_init + self.off.remainder(block_size)
-        self.rem = geo.rem_start + self.off
-        self.base_n = geo.init_len + geo.rem_len
+        self.width = width
 
     def index(self, ids: torch.Tensor, counts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """ids int [B, U, k] (the first `counts` [B, U] valid; U = 1, shared by the layer's heads, or Hkv)
         -> (positions int32 [B, Hkv, width], counts int32 [B, Hkv]). Columns past a count hold positions
         that are never read (clamped into the store)."""
-        B, U, k = ids.shape
-        nsel = counts.long().unsqueeze(-1) * self.bs                        # [B, U, 1]
-        if k:
-            blk = ids.long().gather(-1, self.blk_col.clamp(max=k - 1).expand(B, U, -1))
-            pos_blk = self.within + blk * self.bs
-        else:
-            pos_blk = self.within.expand(B, U, -1)
-        pos = torch.where(self.sink, self.off + self.geo.init_len,
-                          torch.where(self.off < nsel, pos_blk, self.rem - nsel))
-        pos = pos.clamp(0, self.capacity - 1).to(torch.int32)
-        n = (self.base_n + nsel.squeeze(-1)).to(torch.int32)
-        if U != self.kv_heads:
-            pos, n = pos.expand(B, self.kv_heads, -1), n.expand(B, self.kv_heads)
-        return pos.contiguous(), n.contiguous()
+        g = self.geo
+        return memory_positions(ids, counts, g.init_len, g.rem_start, g.rem_len, self.n_init, self.bs, self.width,
+                                self.kv_heads, self.capacity)
 
 
 def memory_index(geo: Geometry, ids: torch.Tensor, counts: torch.Tensor, n_init: int, block_size: int,
