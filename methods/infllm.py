@@ -26,6 +26,7 @@ import torch
 from kernels.lse import decode_attention_lse, merge_attention, sparse_decode_tokens_lse
 from kernels.memory_decode import two_part_decode_mass, two_part_workspace
 from kernels.memory_prefill import two_part_prefill_lse
+from kernels.memory_write import decode_write
 from kernels.window import FAR, window_mass
 from methods.base import Method, Step, register
 from methods.parts.infllm_config import InfLLMConfig, MemoryConfig  # noqa: F401 (methods/ltri.py's)
@@ -189,7 +190,7 @@ class InfLLM(HostPath, Method):
         decode = step.phase == "decode"
         self.first = step.positions[:1] if decode else step.start
         self.geo = Geometry.of(self.first, step.length, c.n_init, c.n_local, c.block_size)
-        self.pending_at = self.pending.prepare(self.first, self.ring_size)     # (due, slots)
+        self.pending_at = self.pending.prepare(self.first)     # the pending masses' position if due, else -1
         if not decode:      # a prefill chunk's kernel reads the block ids (no token index)
             return
         a, n = self.first, c.n_local
@@ -206,15 +207,21 @@ class InfLLM(HostPath, Method):
         pos = step.positions
         q_rot, k_rot = rope.apply(q, pos), rope.apply(k, pos)
         ring, decode = self.ring, step.phase == "decode"
-        if self.device_path:   # the last decode step's local mass first (PendingMass), then this step's keys
-            if decode or self.pending.held:
-                self.pending.fold(layer, ring.score[layer], *self.pending_at)
-            if not decode:
-                self.pending.clear(layer)
+        if self.device_path and decode:   # the pending mass folded, the token into ring, store, sinks: one kernel
+            st = self.stage
+            decode_write((ring.k_raw[layer], ring.k_rot[layer], ring.v[layer]), ring.score[layer], self.first, k,
+                         k_rot, v, (self.store.k[layer], self.store.v[layer]),
+                         (st.k[layer], st.v[layer]) if self.offloaded else None, c.n_init, self.pending.mass[layer],
+                         self.pending_at)
+        elif self.device_path:   # the last decode step's local mass first (PendingMass), then this step's keys
+            if self.pending.held:
+                self.pending.fold(layer, ring.score[layer], self.pending_at)
+            self.pending.clear(layer)
             self.store.write(layer, pos, k, v)
             if self.offloaded:
                 self.stage.write_sinks(layer, pos, k, v)
-        ring.write(layer, self.new_slots, k, k_rot, v)
+        if not (self.device_path and decode):
+            ring.write(layer, self.new_slots, k, k_rot, v)
         self.q_rot = q_rot                          # the step's queries at their positions (Ltri's query spans)
         q_mem = rope.apply(q, self.mem_angle)  # every query at the one memory distance
         if self.device_path:

@@ -27,6 +27,7 @@ import torch
 
 from kernels.memory_index import memory_positions
 from kernels.memory_stage import scatter_rows
+from kernels.memory_write import fold_ref
 from kernels.topk import topk_positions
 
 
@@ -186,7 +187,7 @@ class PendingMass:
     def __init__(self):
         self.mass = self.pos = None
         # host flag: a decode step held a mass since the last prefill chunk cleared them (conservative: a graph
-        # replay holds without Python, but its capture ran hold()); a prefill chunk folds and clears only then
+        # replay holds without Python, but its capture set it); a prefill chunk folds and clears only then
         self.held = False
 
     def allocate(self, layers, batch, q_heads, n_local, device) -> None:
@@ -197,22 +198,18 @@ class PendingMass:
         self.pos.fill_(-1)
         self.held = False
 
-    def prepare(self, a, ring_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """At the start of a step whose first position is `a` (int or [1]): (due, slots), whether the pending
-        masses are due and where they go. Every layer holds (or clears) at the same step, so layer 0's
-        position is every layer's. Step state: the method keeps it (a model split over GPUs hands the
-        method's attributes to the next GPU's instance, not its storage objects' own)."""
+    def prepare(self, a) -> torch.Tensor:
+        """At the start of a step whose first position is `a` (int or [1]): the pending masses' position [1]
+        if they are due (from a position before `a`), else -1. Every layer holds (or clears) at the same step,
+        so layer 0's position is every layer's. Step state: the method keeps it (a model split over GPUs
+        hands the method's attributes to the next GPU's instance, not its storage objects' own)."""
         p = self.pos[0]
-        return (p >= 0) & (p < a), (p - torch.arange(self.mass.shape[-1], device=p.device)).remainder(ring_size)
+        return torch.where((p >= 0) & (p < a), p, -1)
 
-    def fold(self, layer: int, score: torch.Tensor, due: torch.Tensor, slots: torch.Tensor) -> None:
-        """score [B, Hq, R] += the pending mass of `layer` if it is from a position before this step's."""
-        score.index_add_(2, slots, torch.where(due, self.mass[layer], 0.0))
-
-    def hold(self, layer: int, mass: torch.Tensor, a: torch.Tensor) -> None:
-        self.mass[layer].copy_(mass)
-        self.pos[layer].copy_(a)
-        self.held = True
+    def fold(self, layer: int, score: torch.Tensor, due_pos: torch.Tensor) -> None:
+        """score [B, Hq, R] += the pending mass of `layer` if it is due (a decode step: kernels/memory_write.py
+        does this in its one launch)."""
+        fold_ref(score, self.mass[layer], due_pos, score.shape[-1])
 
     def clear(self, layer: int) -> None:
         """Called by every layer of a prefill chunk; a no-op while nothing was held."""
