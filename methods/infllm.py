@@ -24,17 +24,17 @@ from __future__ import annotations
 import torch
 
 from kernels.lse import decode_attention_lse, merge_attention, sparse_decode_tokens_lse
-from kernels.memory_decode import two_part_decode_mass, two_part_workspace
+from kernels.memory_decode import two_part_workspace
 from kernels.memory_prefill import two_part_prefill_lse
-from kernels.memory_write import decode_write
 from kernels.window import FAR, window_mass
 from methods.base import Method, Step, register
 from methods.parts.infllm_config import InfLLMConfig, MemoryConfig  # noqa: F401 (methods/ltri.py's)
+from methods.parts.infllm_decode import DeviceDecode
 from methods.parts.infllm_device import (
     Geometry,
-    MemoryLayout,
     PendingMass,
     PositionalStore,
+    block_bias,
     select_blocks,
     staged,
 )
@@ -48,7 +48,7 @@ from methods.parts.stores_blocks import BlockMemory, WindowRing
 
 
 @register
-class InfLLM(HostPath, Method):
+class InfLLM(HostPath, DeviceDecode, Method):
     """Also the base of Ltri-LLM (methods/ltri.py), which replaces how blocks are indexed and chosen."""
 
     name = "infllm"
@@ -159,7 +159,7 @@ class InfLLM(HostPath, Method):
         self.rem_len = max(a - self.rem_start + T - c.n_local, 0)
         dev = step.positions.device
         self.new_slots = step.positions % self.ring_size
-        self.q_pos = self.ring_pos = None   # prefill only: no undeclared tensor lives into a graphed decode
+        self.q_pos = self.ring_pos = self.live_bias = None   # no undeclared tensor lives into a graphed decode
         self._mem_pos = {}
         if self.device_path:
             self.begin_device(step)
@@ -208,11 +208,7 @@ class InfLLM(HostPath, Method):
         q_rot, k_rot = rope.apply(q, pos), rope.apply(k, pos)
         ring, decode = self.ring, step.phase == "decode"
         if self.device_path and decode:   # the pending mass folded, the token into ring, store, sinks: one kernel
-            st = self.stage
-            decode_write((ring.k_raw[layer], ring.k_rot[layer], ring.v[layer]), ring.score[layer], self.first, k,
-                         k_rot, v, (self.store.k[layer], self.store.v[layer]),
-                         (st.k[layer], st.v[layer]) if self.offloaded else None, c.n_init, self.pending.mass[layer],
-                         self.pending_at)
+            self.write_decode(layer, k, k_rot, v)
         elif self.device_path:   # the last decode step's local mass first (PendingMass), then this step's keys
             if self.pending.held:
                 self.pending.fold(layer, ring.score[layer], self.pending_at)
@@ -226,30 +222,12 @@ class InfLLM(HostPath, Method):
         q_mem = rope.apply(q, self.mem_angle)  # every query at the one memory distance
         if self.device_path:
             ids, counts = self._selected[layer] = self.select_device(layer, q_mem)
-            if decode:   # token positions for the split kernel; a prefill chunk's kernel reads the block ids
-                k2, v2 = self.store.k[layer], self.store.v[layer]
-                width = c.n_init + c.topk * c.block_size + c.block_size   # (a layout holds no tensor: built here)
-                if self.offloaded:   # new blocks from host memory into their slots; columns of the buffer
-                    m_index, m_counts = self.stage.decode(layer, self.store, ring.k_raw[layer], ring.v[layer], ids,
-                                                          counts, self.geo, self.ring_size,
-                                                          self.stage.layout(self.geo, width, q.device))
-                    k2, v2 = self.stage.k[layer], self.stage.v[layer]
-                else:
-                    m_index, m_counts = MemoryLayout(self.geo, c.n_init, c.block_size, width, self.info.num_kv_heads,
-                                                     k2.shape[2]).index(ids, counts)
         else:
             n_mem = self.fill_memory(layer, q_mem)
         if decode:
             q1 = q_rot[:, :, 0].contiguous()
-            if self.device_path:   # window and memory in one combine, the local mass held (kernels/memory_decode.py)
-                out, lse = two_part_decode_mass(q1, ring.k_rot[layer], ring.v[layer], self.local_index,
-                                                self.local_counts, q_mem[:, :, 0].contiguous(), k2, v2,
-                                                m_index, m_counts, scale, scores=self.scratch, first=self.first,
-                                                ring_size=self.ring_size, mass_out=self.pending.mass[layer],
-                                                pos_out=self.pending.pos[layer], workspace=self.partials)
-                self.pending.held = True
-                self.observe(layer, q_rot, lse.unsqueeze(-1), self.pending.mass[layer])
-                self.record(layer, self.local_counts + m_counts)
+            if self.device_path:   # the memory's columns, then window and memory in one combine, the mass held
+                out, lse = self.attend_decode(layer, q1, q_mem, ids, counts)
             else:
                 out_l, lse_l = sparse_decode_tokens_lse(q1, ring.k_rot[layer], ring.v[layer], self.local_index,
                                                         self.local_counts, scale, scores=self.scratch)
@@ -297,7 +275,11 @@ class InfLLM(HostPath, Method):
         if isinstance(g.n_blocks, int) and g.n_blocks == 0:
             z = torch.zeros(self.batch, self.units, 0, dtype=torch.int32, device=q_mem.device)
             return z, z.new_zeros(self.batch, self.units)
-        return select_blocks(q_mem.float().mean(2), self.reprs[layer], g.n_blocks, self.units, c.topk)
+        if self.step.phase != "decode":
+            return select_blocks(q_mem.float().mean(2), self.reprs[layer], g.n_blocks, self.units, c.topk)
+        if self.live_bias is None:   # once per decode step (its first layer): which blocks exist
+            self.live_bias = block_bias(self.reprs.shape[2], g.n_blocks, q_mem.device)
+        return select_blocks(q_mem[:, :, 0].float(), self.reprs[layer], g.n_blocks, self.units, c.topk, self.live_bias)
 
     def form_due(self, seq_len: int) -> None:
         """The engine's host hooks before and after every decode step (graphed ones too): a block that left
