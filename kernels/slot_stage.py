@@ -101,7 +101,7 @@ if HAVE_TRITON:
         tl.atomic_add(Moved, n_new.to(tl.int64))
 
     @triton.jit
-    def _stage_kernel(OK, OV, SK, SV, RK, RV, Src, Dst, NNew, RemS, RemL, H, U, K, R, n_init, bs, rem_col,
+    def _stage_kernel(OK, OV, SK, SV, RK, RV, Src, Dst, NNew, RemS, RemL, H, U, K, R, n_init, bs, rem_col, rem_max,
                       s_ob, s_oh, s_on, s_sb, s_sh, s_sn, s_rb, s_rh, s_rn, D, BT: tl.constexpr, BD: tl.constexpr):
         # program (b * H + h, r): r < K the r-th new block (if r < n_new), r == K the remainder
         pid = tl.program_id(0)
@@ -127,7 +127,7 @@ if HAVE_TRITON:
                 tl.store(out_v + dst, tl.load(SV + src, mask=m), mask=m)
         else:
             start = tl.load(RemS).to(tl.int64)
-            n = tl.load(RemL).to(tl.int64)
+            n = tl.minimum(tl.load(RemL).to(tl.int64), rem_max)     # the buffer's columns after the slots
             for t0 in range(0, n, BT):
                 t = t0 + tt
                 m = (t < n)[:, None] & (dd[None, :] < D)
@@ -164,6 +164,6 @@ def stage_rows(out_k, out_v, store_k, store_v, ring_k, ring_v, src_blk, dst_slot
     assert src_blk.is_contiguous() and dst_slot.is_contiguous() and n_new.is_contiguous()
     kernel_for(_stage_kernel, out_k)[(B * H, K + 1)](
         out_k, out_v, store_k, store_v, ring_k, ring_v, src_blk, dst_slot, n_new, rem_start, rem_len, H, U, K,
-        ring_k.shape[2], n_init, bs, rem_col, *out_k.stride()[:3], *store_k.stride()[:3], *ring_k.stride()[:3], D,
+        ring_k.shape[2], n_init, bs, rem_col, out_k.shape[2] - rem_col, *out_k.stride()[:3], *store_k.stride()[:3], *ring_k.stride()[:3], D,
         BT=32, BD=next_pow2(D), num_warps=4)
     return None

@@ -174,9 +174,9 @@ def select_blocks(qm: torch.Tensor, reprs: torch.Tensor, n_blocks, units: int, t
     B, N, Hq, D = reprs.shape
     if live_bias is None:
         live_bias = block_bias(N, n_blocks, reprs.device)
-    if units == 1:   # one GEMV over the concatenated heads (no permuted copy of the index), the bias added in it
-        s = torch.baddbmm(live_bias.view(1, N, 1), reprs.float().view(B, N, Hq * D), qm.reshape(B, Hq * D, 1))
-        s = s.view(B, 1, N)
+    if units == 1:   # one GEMV over the concatenated heads (no permuted copy of the index); the bias after it
+        # (baddbmm's fused add would save a kernel, but on the CPU it sums in another order than bmm: ties move)
+        s = torch.bmm(reprs.float().view(B, N, Hq * D), qm.reshape(B, Hq * D, 1)).view(B, 1, N) + live_bias
     else:
         s = torch.einsum("bhd,bnhd->bhn", qm, reprs.float()).unflatten(1, (units, -1)).sum(2) + live_bias
     return topk_positions(s, None, topk, impl="radix" if s.is_cuda else "auto")
