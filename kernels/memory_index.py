@@ -43,8 +43,8 @@ def memory_positions_ref(ids, counts, init_len, rem_start, rem_len, n_init: int,
 if HAVE_TRITON:
 
     @triton.jit
-    def _index_kernel(Ids, Cnt, Init, RemS, RemL, Pos, N, K, W, H, U, n_init, bs, capacity, rem_const, s_ib, s_iu,
-                      s_cb, s_cu, BJ: tl.constexpr, REM_PTR: tl.constexpr):
+    def _index_kernel(Ids, Cnt, Init, RemS, RemL, Pos, N, kmax, W, H, U, n_init, bs, capacity, rem_const, s_ib, s_iu,
+                      s_cb, s_cu, BJ: tl.constexpr, REM_PTR: tl.constexpr, HAS_BLK: tl.constexpr):
         pid = tl.program_id(0)
         b = (pid // H).to(tl.int64)
         h = pid % H
@@ -61,8 +61,11 @@ if HAVE_TRITON:
             j = j0 + jj
             off = j - init_len
             offc = tl.maximum(off, 0)
-            col = tl.minimum(offc // bs, tl.maximum(K - 1, 0))
-            blk = tl.load(Ids + b * s_ib + u * s_iu + col, mask=(j < W) & (K > 0), other=0).to(tl.int64)
+            if HAS_BLK:
+                col = tl.minimum(offc // bs, kmax)
+                blk = tl.load(Ids + b * s_ib + u * s_iu + col, mask=j < W, other=0).to(tl.int64)
+            else:
+                blk = tl.zeros((BJ,), tl.int64)
             pos = tl.where(j < init_len, j, tl.where(off < nsel, n_init + offc % bs + blk * bs, rem_start + off - nsel))
             pos = tl.minimum(tl.maximum(pos, 0), capacity - 1)
             tl.store(Pos + pid.to(tl.int64) * W + j, pos.to(tl.int32), mask=j < W)
@@ -81,8 +84,8 @@ def memory_positions(ids, counts, init_len, rem_start, rem_len, n_init: int, bs:
     pos = torch.empty(B, kv_heads, width, device=ids.device, dtype=torch.int32)
     n = torch.empty(B, kv_heads, device=ids.device, dtype=torch.int32)
     kernel_for(_index_kernel, ids)[(B * kv_heads,)](
-        ids, counts, init_len, rem_start if has_ptr else init_len, rem_len, pos, n, k, width, kv_heads, U, n_init,
+        ids, counts, init_len, rem_start if has_ptr else init_len, rem_len, pos, n, max(k - 1, 0), width, kv_heads, U, n_init,
         bs, capacity, 0 if has_ptr else int(rem_start), ids.stride(0), ids.stride(1) if U > 1 else 0,
         counts.stride(0), counts.stride(1) if U > 1 else 0, BJ=min(1024, next_pow2(width)) if ids.is_cuda else 64,
-        REM_PTR=has_ptr, num_warps=4)
+        REM_PTR=has_ptr, HAS_BLK=k > 0, num_warps=4)
     return pos, n
