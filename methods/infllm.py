@@ -34,7 +34,7 @@ from methods.parts.infllm_device import (
     Geometry,
     PendingMass,
     PositionalStore,
-    block_bias,
+    live_blocks,
     select_blocks,
     staged,
 )
@@ -159,7 +159,7 @@ class InfLLM(HostPath, DeviceDecode, Method):
         self.rem_len = max(a - self.rem_start + T - c.n_local, 0)
         dev = step.positions.device
         self.new_slots = step.positions % self.ring_size
-        self.q_pos = self.ring_pos = self.live_bias = None   # no undeclared tensor lives into a graphed decode
+        self.q_pos = self.ring_pos = self.live = None   # no undeclared tensor lives into a graphed decode
         self._mem_pos = {}
         if self.device_path:
             self.begin_device(step)
@@ -277,9 +277,9 @@ class InfLLM(HostPath, DeviceDecode, Method):
             return z, z.new_zeros(self.batch, self.units)
         if self.step.phase != "decode":
             return select_blocks(q_mem.float().mean(2), self.reprs[layer], g.n_blocks, self.units, c.topk)
-        if self.live_bias is None:   # once per decode step (its first layer): which blocks exist
-            self.live_bias = block_bias(self.reprs.shape[2], g.n_blocks, q_mem.device)
-        return select_blocks(q_mem[:, :, 0].float(), self.reprs[layer], g.n_blocks, self.units, c.topk, self.live_bias)
+        if self.live is None:   # once per decode step (its first layer): which blocks exist
+            self.live = live_blocks(self.reprs.shape[2], g.n_blocks, q_mem.device)
+        return select_blocks(q_mem[:, :, 0].float(), self.reprs[layer], g.n_blocks, self.units, c.topk, self.live)
 
     def form_due(self, seq_len: int) -> None:
         """The engine's host hooks before and after every decode step (graphed ones too): a block that left

@@ -165,26 +165,25 @@ def memory_index(geo: Geometry, ids: torch.Tensor, counts: torch.Tensor, n_init:
     return MemoryLayout(geo, n_init, block_size, width, kv_heads, capacity, ids.device).index(ids, counts)
 
 
-def select_blocks(qm: torch.Tensor, reprs: torch.Tensor, n_blocks, units: int, topk: int, live_bias=None):
+def select_blocks(qm: torch.Tensor, reprs: torch.Tensor, n_blocks, units: int, topk: int, live=None):
     """InfLLM's retrieval on the device: qm [B, Hq, D] fp32 chunk-mean memory query, reprs [B, N, Hq, D]
     (N = the run's block capacity); blocks at or past n_blocks (int or [1] tensor) never chosen. Returns
     (ids int32 [B, units, min(topk, N)] in block order, counts int32 [B, units] = min(topk, n_blocks)):
     the top-k of <qm, repr> summed over each unit's heads, ties to the lower block (selection.top_first's
-    set). live_bias: block_bias(N, n_blocks) when the caller made it (once per decode step, not per layer)."""
+    set). live: live_blocks(N, n_blocks) when the caller made it (once per decode step, not per layer)."""
     B, N, Hq, D = reprs.shape
-    if live_bias is None:
-        live_bias = block_bias(N, n_blocks, reprs.device)
-    if units == 1:   # one GEMV over the concatenated heads (no permuted copy of the index); the bias after it
-        # (baddbmm's fused add would save a kernel, but on the CPU it sums in another order than bmm: ties move)
-        s = torch.bmm(reprs.float().view(B, N, Hq * D), qm.reshape(B, Hq * D, 1)).view(B, 1, N) + live_bias
+    if units == 1:   # one GEMV over the concatenated heads (no permuted copy of the index)
+        s = torch.bmm(reprs.float().view(B, N, Hq * D), qm.reshape(B, Hq * D, 1)).view(B, 1, N)
     else:
-        s = torch.einsum("bhd,bnhd->bhn", qm, reprs.float()).unflatten(1, (units, -1)).sum(2) + live_bias
+        s = torch.einsum("bhd,bnhd->bhn", qm, reprs.float()).unflatten(1, (units, -1)).sum(2)   # [B, units, N]
+    # a where, not an added -inf: an unformed block's index row is uninitialised (NaN + -inf is NaN)
+    s = torch.where(live if live is not None else live_blocks(N, n_blocks, s.device), s, float("-inf"))
     return topk_positions(s, None, topk, impl="radix" if s.is_cuda else "auto")
 
 
-def block_bias(N: int, n_blocks, device) -> torch.Tensor:
-    """fp32 [N]: 0 for a formed block, -inf at or past n_blocks (int or [1]): a decode step's, once per step."""
-    return torch.where(torch.arange(N, device=device) < n_blocks, 0.0, float("-inf"))
+def live_blocks(N: int, n_blocks, device) -> torch.Tensor:
+    """bool [N]: the formed blocks (below n_blocks, an int or [1]); a decode step makes it once, not per layer."""
+    return torch.arange(N, device=device) < n_blocks
 
 
 class PendingMass:
