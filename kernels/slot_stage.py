@@ -125,16 +125,16 @@ if HAVE_TRITON:
                 dst = (dst0 + t)[:, None] * s_on + dd[None, :]
                 tl.store(out_k + dst, tl.load(SK + src, mask=m), mask=m)
                 tl.store(out_v + dst, tl.load(SV + src, mask=m), mask=m)
-        else:
+        else:   # names of their own: a name bound in both branches of a runtime `if` must keep one type
             start = tl.load(RemS).to(tl.int64)
             n = tl.minimum(tl.load(RemL).to(tl.int64), rem_max)     # the buffer's columns after the slots
-            for t0 in range(0, n, BT):
-                t = t0 + tt
-                m = (t < n)[:, None] & (dd[None, :] < D)
-                src = b * s_rb + h * s_rh + ((start + t) % R)[:, None] * s_rn + dd[None, :]
-                dst = (rem_col + t)[:, None] * s_on + dd[None, :]
-                tl.store(out_k + dst, tl.load(RK + src, mask=m), mask=m)
-                tl.store(out_v + dst, tl.load(RV + src, mask=m), mask=m)
+            for q0 in range(0, n, BT):
+                q = q0 + tt
+                mq = (q < n)[:, None] & (dd[None, :] < D)
+                src_q = b * s_rb + h * s_rh + ((start + q) % R)[:, None] * s_rn + dd[None, :]
+                dst_q = (rem_col + q)[:, None] * s_on + dd[None, :]
+                tl.store(out_k + dst_q, tl.load(RK + src_q, mask=mq), mask=mq)
+                tl.store(out_v + dst_q, tl.load(RV + src_q, mask=mq), mask=mq)
 
 
 def assign_slots(tags, ids, counts, moved):
