@@ -24,16 +24,17 @@ from __future__ import annotations
 import torch
 
 from kernels.lse import decode_attention_lse, merge_attention, sparse_decode_tokens_lse
-from kernels.memory_decode import two_part_decode_lse, two_part_workspace
+from kernels.memory_decode import two_part_workspace
 from kernels.memory_prefill import two_part_prefill_lse
 from kernels.window import FAR, window_mass
 from methods.base import Method, Step, register
 from methods.parts.infllm_config import InfLLMConfig, MemoryConfig  # noqa: F401 (methods/ltri.py's)
+from methods.parts.infllm_decode import DeviceDecode
 from methods.parts.infllm_device import (
     Geometry,
-    MemoryLayout,
     PendingMass,
     PositionalStore,
+    live_blocks,
     select_blocks,
     staged,
 )
@@ -47,7 +48,7 @@ from methods.parts.stores_blocks import BlockMemory, WindowRing
 
 
 @register
-class InfLLM(HostPath, Method):
+class InfLLM(HostPath, DeviceDecode, Method):
     """Also the base of Ltri-LLM (methods/ltri.py), which replaces how blocks are indexed and chosen."""
 
     name = "infllm"
@@ -158,7 +159,7 @@ class InfLLM(HostPath, Method):
         self.rem_len = max(a - self.rem_start + T - c.n_local, 0)
         dev = step.positions.device
         self.new_slots = step.positions % self.ring_size
-        self.q_pos = self.ring_pos = None   # prefill only: no undeclared tensor lives into a graphed decode
+        self.q_pos = self.ring_pos = self.live = None   # no undeclared tensor lives into a graphed decode
         self._mem_pos = {}
         if self.device_path:
             self.begin_device(step)
@@ -189,18 +190,13 @@ class InfLLM(HostPath, Method):
         decode = step.phase == "decode"
         self.first = step.positions[:1] if decode else step.start
         self.geo = Geometry.of(self.first, step.length, c.n_init, c.n_local, c.block_size)
-        width = c.n_init + c.topk * c.block_size + c.block_size + (0 if decode else self.largest_chunk())
-        dev = step.positions.device
-        self.pending_at = self.pending.prepare(self.first, self.ring_size)     # (due, slots)
+        self.pending_at = self.pending.prepare(self.first)     # the pending masses' position if due, else -1
         if not decode:      # a prefill chunk's kernel reads the block ids (no token index)
             return
-        self.layout = self.stage.layout(self.geo, width, dev) if self.offloaded else \
-            MemoryLayout(self.geo, c.n_init, c.block_size, width, Hkv, self.store.k.shape[3], dev)
         a, n = self.first, c.n_local
+        self.local_pos = self.local_slots = self.rem_slots = None   # the kernels take them from `first`
         lpos = a - torch.arange(n, device=a.device)
-        self.local_pos, self.local_valid, self.rem_slots = lpos, lpos >= 0, None
-        self.local_slots = lpos.remainder(self.ring_size)
-        self.local_index = self.local_slots.to(torch.int32).view(1, 1, n).expand(B, Hkv, n).contiguous()
+        self.local_index = lpos.remainder(self.ring_size).to(torch.int32).view(1, 1, n).expand(B, Hkv, n).contiguous()
         self.local_counts = (a + 1).clamp(max=n).to(torch.int32).expand(B, Hkv).contiguous()
         self.mem_angle = torch.full((1,), c.distance, dtype=torch.long, device=a.device)
 
@@ -211,36 +207,27 @@ class InfLLM(HostPath, Method):
         pos = step.positions
         q_rot, k_rot = rope.apply(q, pos), rope.apply(k, pos)
         ring, decode = self.ring, step.phase == "decode"
-        if self.device_path:   # the last decode step's local mass first (PendingMass), then this step's keys
-            if decode or self.pending.held:
-                self.pending.fold(layer, ring.score[layer], *self.pending_at)
-            if not decode:
-                self.pending.clear(layer)
+        if self.device_path and decode:   # the pending mass folded, the token into ring, store, sinks: one kernel
+            self.write_decode(layer, k, k_rot, v)
+        elif self.device_path:   # the last decode step's local mass first (PendingMass), then this step's keys
+            if self.pending.held:
+                self.pending.fold(layer, ring.score[layer], self.pending_at)
+            self.pending.clear(layer)
             self.store.write(layer, pos, k, v)
             if self.offloaded:
                 self.stage.write_sinks(layer, pos, k, v)
-        ring.write(layer, self.new_slots, k, k_rot, v)
+        if not (self.device_path and decode):
+            ring.write(layer, self.new_slots, k, k_rot, v)
         self.q_rot = q_rot                          # the step's queries at their positions (Ltri's query spans)
         q_mem = rope.apply(q, self.mem_angle)  # every query at the one memory distance
         if self.device_path:
             ids, counts = self._selected[layer] = self.select_device(layer, q_mem)
-            if decode:   # token positions for the split kernel; a prefill chunk's kernel reads the block ids
-                k2, v2 = self.store.k[layer], self.store.v[layer]
-                if self.offloaded:   # new blocks from host memory into their slots; columns of the buffer
-                    m_index, m_counts = self.stage.decode(layer, self.store, ring.k_raw[layer], ring.v[layer], ids,
-                                                          counts, self.geo, self.ring_size, self.layout)
-                    k2, v2 = self.stage.k[layer], self.stage.v[layer]
-                else:
-                    m_index, m_counts = self.layout.index(ids, counts)
         else:
             n_mem = self.fill_memory(layer, q_mem)
         if decode:
             q1 = q_rot[:, :, 0].contiguous()
-            if self.device_path:   # window and memory in one combine (kernels/memory_decode.py)
-                out, lse = two_part_decode_lse(q1, ring.k_rot[layer], ring.v[layer], self.local_index,
-                                               self.local_counts, q_mem[:, :, 0].contiguous(), k2, v2,
-                                               m_index, m_counts, scale, scores=self.scratch,
-                                               workspace=self.partials)
+            if self.device_path:   # the memory's columns, then window and memory in one combine, the mass held
+                out, lse = self.attend_decode(layer, q1, q_mem, ids, counts)
             else:
                 out_l, lse_l = sparse_decode_tokens_lse(q1, ring.k_rot[layer], ring.v[layer], self.local_index,
                                                         self.local_counts, scale, scores=self.scratch)
@@ -248,11 +235,10 @@ class InfLLM(HostPath, Method):
                 out_g, lse_g = decode_attention_lse(q_mem[:, :, 0].contiguous(), self.buf_k[layer],
                                                     self.buf_v[layer], lengths, scale, max_length=n_mem)
                 out, lse = merge_attention([(out_l, lse_l), (out_g, lse_g)])
-            raw = self.scratch.index_select(-1, self.local_slots)
-            ok = torch.isfinite(raw) & self.local_valid if self.device_path else torch.isfinite(raw)
-            mass = torch.where(ok, torch.exp(raw * scale - lse.unsqueeze(-1)), 0.0)
-            self.observe(layer, q_rot, lse.unsqueeze(-1), raw)
-            self.record(layer, self.local_counts + m_counts if self.device_path else self.local_pos.numel() + n_mem)
+                raw = self.scratch.index_select(-1, self.local_slots)
+                mass = torch.where(torch.isfinite(raw), torch.exp(raw * scale - lse.unsqueeze(-1)), 0.0)
+                self.observe(layer, q_rot, lse.unsqueeze(-1), raw)
+                self.record(layer, self.local_pos.numel() + n_mem)
             out = out.view(B, 1, Hq * D)
         else:
             # one kernel over the window (the ring in place, each slot at its position) and the memory, one
@@ -275,12 +261,10 @@ class InfLLM(HostPath, Method):
             mass = window_mass(q_rot, ring.k_rot[layer], scale, self.q_pos, self.ring_pos, lse, 0, c.n_local - 1)
             self.observe(layer, q_rot, lse, None)
             out = out.transpose(1, 2).reshape(B, T, Hq * D)
-        if self.device_path and decode:
-            self.pending.hold(layer, mass, self.first)
-        elif decode:
-            ring.score[layer].index_add_(2, self.local_slots, mass)
-        else:               # every slot's mass (0 out of every window)
+        if not decode:      # every slot's mass (0 out of every window)
             ring.score[layer].add_(mass)
+        elif not self.device_path:   # (the device path held its mass: two_part_decode_mass)
+            ring.score[layer].index_add_(2, self.local_slots, mass)
         if not step.graphed:      # graphed decode: the engine's host hooks form blocks (correction_span)
             self.after_step(layer, q_mem)
         return out
@@ -291,7 +275,11 @@ class InfLLM(HostPath, Method):
         if isinstance(g.n_blocks, int) and g.n_blocks == 0:
             z = torch.zeros(self.batch, self.units, 0, dtype=torch.int32, device=q_mem.device)
             return z, z.new_zeros(self.batch, self.units)
-        return select_blocks(q_mem.float().mean(2), self.reprs[layer], g.n_blocks, self.units, c.topk)
+        if self.step.phase != "decode":
+            return select_blocks(q_mem.float().mean(2), self.reprs[layer], g.n_blocks, self.units, c.topk)
+        if self.live is None:   # once per decode step (its first layer): which blocks exist
+            self.live = live_blocks(self.reprs.shape[2], g.n_blocks, q_mem.device)
+        return select_blocks(q_mem[:, :, 0].float(), self.reprs[layer], g.n_blocks, self.units, c.topk, self.live)
 
     def form_due(self, seq_len: int) -> None:
         """The engine's host hooks before and after every decode step (graphed ones too): a block that left
@@ -305,7 +293,8 @@ class InfLLM(HostPath, Method):
 
     def observe(self, layer, q_rot, lse, raw_local) -> None:
         """After the attention of a step: q_rot [B, Hq, T, D], the merged lse [B, Hq, T], in decode the raw
-        local logits at local_slots [B, Hq, n]. InfLLM needs nothing more (Ltri-LLM records its map)."""
+        local logits at local_slots [B, Hq, n] (host path), or on the device path the local window's held
+        mass [B, Hq, n_local], newest first. InfLLM needs nothing more (Ltri-LLM records its map)."""
 
     def select(self, layer: int, q_mem: torch.Tensor) -> list[list[list[int]]]:
         """Block ids per (sequence, retrieval unit): every block while there are at most topk, else the

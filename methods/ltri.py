@@ -236,10 +236,10 @@ class Ltri(InfLLM):
         a, scale = self.step.start, self.info.scaling
         lo = max(0, a - W + 1)
         keys = torch.arange(lo, a + T, device=q_rot.device)
-        if raw_local is not None and self.device_path:   # decode, window newest first: column j = distance j
+        if raw_local is not None and self.device_path:   # decode: the held local mass, column j = distance j
             w = min(W, raw_local.shape[-1])
-            p = torch.where(self.local_valid[:w], torch.exp(raw_local[..., :w] * scale - lse), 0.0).sum(1)
-            rows = torch.nn.functional.pad(p, (0, W - w)).unsqueeze(1)
+            p = raw_local[..., :w].sum(1)
+            rows = (torch.nn.functional.pad(p, (0, W - w)) if w < W else p).unsqueeze(1)
         elif raw_local is not None:   # decode: logits of the window's slots are at hand
             n = self.local_pos.numel()
             raw = raw_local[..., max(0, n - W):]

@@ -21,11 +21,13 @@ step's own mass (its last token is out of that query's window), so representativ
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
+from kernels.memory_index import memory_positions
 from kernels.memory_stage import scatter_rows
+from kernels.memory_write import fold_ref
 from kernels.topk import topk_positions
 
 
@@ -108,10 +110,10 @@ def _pinned(shape, dtype, store: PositionalStore) -> torch.Tensor:
         return torch.empty(shape, dtype=dtype, pin_memory=True)
 
 
-@dataclass
-class Geometry:
+class Geometry(NamedTuple):
     """The memory of one step: init_len sinks, n_blocks formed blocks, the remainder [rem_start,
-    rem_start + rem_len). Ints (prefill) or int64 [1] device tensors (decode)."""
+    rem_start + rem_len). Ints (prefill) or int64 [1] device tensors (decode). A tuple: a model split over
+    GPUs hands its tensors on to the next GPU (runners/pipeline.py moves tuples, not other classes)."""
 
     init_len: object
     n_blocks: object
@@ -139,39 +141,22 @@ def staged(geo: Geometry, cfg) -> tuple[int, int]:
 
 
 class MemoryLayout:
-    """Token positions of the memory per (sequence, KV head): [sinks | retrieved blocks | remainder]. What
-    does not depend on the layer's retrieval (columns, sinks, remainder) is built once per step; `index`
-    adds a layer's blocks (a handful of kernels per layer in the decode step)."""
+    """Token positions of the memory per (sequence, KV head): [sinks | retrieved blocks | remainder], for one
+    step's geometry. `index` adds a layer's blocks: one kernel (kernels/memory_index.py) in the decode step;
+    the layout itself holds no tensor of its own (nothing per step to build or to hand between GPUs)."""
 
     def __init__(self, geo: Geometry, n_init: int, block_size: int, width: int, kv_heads: int, capacity: int,
-                 device):
+                 device=None):
         self.geo, self.n_init, self.bs, self.kv_heads, self.capacity = geo, n_init, block_size, kv_heads, capacity
-        j = torch.arange(width, device=device)
-        self.off = j - geo.init_len                                         # column within blocks
-        self.sink = j < geo.init_len
-        self.blk_col = self.off.div(block_size, rounding_mode="floor").clamp(min=0)
-        self.within = n_init + self.off.remainder(block_size)
-        self.rem = geo.rem_start + self.off
-        self.base_n = geo.init_len + geo.rem_len
+        self.width = width
 
     def index(self, ids: torch.Tensor, counts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """ids int [B, U, k] (the first `counts` [B, U] valid; U = 1, shared by the layer's heads, or Hkv)
         -> (positions int32 [B, Hkv, width], counts int32 [B, Hkv]). Columns past a count hold positions
         that are never read (clamped into the store)."""
-        B, U, k = ids.shape
-        nsel = counts.long().unsqueeze(-1) * self.bs                        # [B, U, 1]
-        if k:
-            blk = ids.long().gather(-1, self.blk_col.clamp(max=k - 1).expand(B, U, -1))
-            pos_blk = self.within + blk * self.bs
-        else:
-            pos_blk = self.within.expand(B, U, -1)
-        pos = torch.where(self.sink, self.off + self.geo.init_len,
-                          torch.where(self.off < nsel, pos_blk, self.rem - nsel))
-        pos = pos.clamp(0, self.capacity - 1).to(torch.int32)
-        n = (self.base_n + nsel.squeeze(-1)).to(torch.int32)
-        if U != self.kv_heads:
-            pos, n = pos.expand(B, self.kv_heads, -1), n.expand(B, self.kv_heads)
-        return pos.contiguous(), n.contiguous()
+        g = self.geo
+        return memory_positions(ids, counts, g.init_len, g.rem_start, g.rem_len, self.n_init, self.bs, self.width,
+                                self.kv_heads, self.capacity)
 
 
 def memory_index(geo: Geometry, ids: torch.Tensor, counts: torch.Tensor, n_init: int, block_size: int,
@@ -180,20 +165,25 @@ def memory_index(geo: Geometry, ids: torch.Tensor, counts: torch.Tensor, n_init:
     return MemoryLayout(geo, n_init, block_size, width, kv_heads, capacity, ids.device).index(ids, counts)
 
 
-def select_blocks(qm: torch.Tensor, reprs: torch.Tensor, n_blocks, units: int, topk: int):
+def select_blocks(qm: torch.Tensor, reprs: torch.Tensor, n_blocks, units: int, topk: int, live=None):
     """InfLLM's retrieval on the device: qm [B, Hq, D] fp32 chunk-mean memory query, reprs [B, N, Hq, D]
     (N = the run's block capacity); blocks at or past n_blocks (int or [1] tensor) never chosen. Returns
     (ids int32 [B, units, min(topk, N)] in block order, counts int32 [B, units] = min(topk, n_blocks)):
     the top-k of <qm, repr> summed over each unit's heads, ties to the lower block (selection.top_first's
-    set)."""
+    set). live: live_blocks(N, n_blocks) when the caller made it (once per decode step, not per layer)."""
     B, N, Hq, D = reprs.shape
     if units == 1:   # one GEMV over the concatenated heads (no permuted copy of the index)
         s = torch.bmm(reprs.float().view(B, N, Hq * D), qm.reshape(B, Hq * D, 1)).view(B, 1, N)
     else:
         s = torch.einsum("bhd,bnhd->bhn", qm, reprs.float()).unflatten(1, (units, -1)).sum(2)   # [B, units, N]
-    live = torch.arange(s.shape[-1], device=s.device) < n_blocks
-    s = torch.where(live, s, float("-inf"))
+    # a where, not an added -inf: an unformed block's index row is uninitialised (NaN + -inf is NaN)
+    s = torch.where(live if live is not None else live_blocks(N, n_blocks, s.device), s, float("-inf"))
     return topk_positions(s, None, topk, impl="radix" if s.is_cuda else "auto")
+
+
+def live_blocks(N: int, n_blocks, device) -> torch.Tensor:
+    """bool [N]: the formed blocks (below n_blocks, an int or [1]); a decode step makes it once, not per layer."""
+    return torch.arange(N, device=device) < n_blocks
 
 
 class PendingMass:
@@ -202,7 +192,7 @@ class PendingMass:
     def __init__(self):
         self.mass = self.pos = None
         # host flag: a decode step held a mass since the last prefill chunk cleared them (conservative: a graph
-        # replay holds without Python, but its capture ran hold()); a prefill chunk folds and clears only then
+        # replay holds without Python, but its capture set it); a prefill chunk folds and clears only then
         self.held = False
 
     def allocate(self, layers, batch, q_heads, n_local, device) -> None:
@@ -213,22 +203,18 @@ class PendingMass:
         self.pos.fill_(-1)
         self.held = False
 
-    def prepare(self, a, ring_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """At the start of a step whose first position is `a` (int or [1]): (due, slots), whether the pending
-        masses are due and where they go. Every layer holds (or clears) at the same step, so layer 0's
-        position is every layer's. Step state: the method keeps it (a model split over GPUs hands the
-        method's attributes to the next GPU's instance, not its storage objects' own)."""
+    def prepare(self, a) -> torch.Tensor:
+        """At the start of a step whose first position is `a` (int or [1]): the pending masses' position [1]
+        if they are due (from a position before `a`), else -1. Every layer holds (or clears) at the same step,
+        so layer 0's position is every layer's. Step state: the method keeps it (a model split over GPUs
+        hands the method's attributes to the next GPU's instance, not its storage objects' own)."""
         p = self.pos[0]
-        return (p >= 0) & (p < a), (p - torch.arange(self.mass.shape[-1], device=p.device)).remainder(ring_size)
+        return torch.where((p >= 0) & (p < a), p, -1)
 
-    def fold(self, layer: int, score: torch.Tensor, due: torch.Tensor, slots: torch.Tensor) -> None:
-        """score [B, Hq, R] += the pending mass of `layer` if it is from a position before this step's."""
-        score.index_add_(2, slots, torch.where(due, self.mass[layer], 0.0))
-
-    def hold(self, layer: int, mass: torch.Tensor, a: torch.Tensor) -> None:
-        self.mass[layer].copy_(mass)
-        self.pos[layer].copy_(a)
-        self.held = True
+    def fold(self, layer: int, score: torch.Tensor, due_pos: torch.Tensor) -> None:
+        """score [B, Hq, R] += the pending mass of `layer` if it is due (a decode step: kernels/memory_write.py
+        does this in its one launch)."""
+        fold_ref(score, self.mass[layer], due_pos, score.shape[-1])
 
     def clear(self, layer: int) -> None:
         """Called by every layer of a prefill chunk; a no-op while nothing was held."""

@@ -25,6 +25,7 @@ import torch
 
 from kernels.memory_prefill import memory_positions
 from kernels.memory_stage import gather_rows, scatter_rows
+from kernels.slot_stage import assign_slots, stage_rows
 from methods.parts.infllm_device import Geometry, MemoryLayout, reuse
 
 
@@ -74,40 +75,9 @@ class SlotStage:
 
     def decode(self, layer, store, ring_k, ring_v, ids, counts, geo: Geometry, ring_size: int, layout: MemoryLayout):
         """Bring the retrieved blocks into slots (only the new ones move) and the remainder from the ring;
-        -> (columns int32 [B, Hkv, width], counts int32 [B, Hkv]) of the memory in the buffer, block order."""
-        held = self.tags[layer]                                       # [B, U, K]
-        K = held.shape[-1]
-        B, U = held.shape[:2]
-        k = ids.shape[-1]
-        ids = torch.nn.functional.pad(ids.to(torch.int32), (0, K - k), value=-1) if k < K else ids.to(torch.int32)
-        want = torch.arange(K, device=ids.device) < counts.unsqueeze(-1)
-        eq = (ids.unsqueeze(-1) == held.unsqueeze(-2)) & want.unsqueeze(-1) & (held >= 0).unsqueeze(-2)  # [.., i, s]
-        new = want & ~eq.any(-1)
-        free = ~eq.any(-2)
-        # the r-th new block (block order) takes the r-th slot not holding a wanted block: InfLLM's greedy
-        match = new.unsqueeze(-1) & free.unsqueeze(-2) & \
-            ((new.cumsum(-1) - 1).unsqueeze(-1) == (free.cumsum(-1) - 1).unsqueeze(-2))
-        slot = torch.where(new, match.int().argmax(-1), eq.int().argmax(-1)).to(torch.int32)
-        placed = match.any(-2)
-        self.tags[layer] = torch.where(placed, (match.int() * ids.unsqueeze(-1)).sum(-2).to(torch.int32), held)
-        # the new blocks first (their rank), then one gather of their rows from host memory
-        n_new = new.sum(-1)
-        to = torch.where(new, new.cumsum(-1) - 1, K)
-        src_blk = torch.zeros(B, U, K + 1, dtype=torch.int32, device=ids.device).scatter_(-1, to, ids)[..., :K]
-        dst_slot = torch.zeros(B, U, K + 1, dtype=torch.int32, device=ids.device).scatter_(-1, to, slot)[..., :K]
-        j = torch.arange(K * self.bs, device=ids.device)
-        within = self.n_init + j % self.bs
-        col = j // self.bs
-        src = (src_blk.gather(-1, col.expand(B, U, -1)) * self.bs + within).to(torch.int32)
-        dst = (dst_slot.gather(-1, col.expand(B, U, -1)) * self.bs + within).to(torch.int32)
-        H = self.kv_heads
-        rows = (n_new * self.bs).to(torch.int32)
-        gather_rows(self.k[layer], self.v[layer], store.k[layer], store.v[layer], src.expand(B, H, -1),
-                    rows.expand(B, H), dst.expand(B, H, -1))
-        self.moved += n_new.sum()
-        # the remainder, device to device
-        r = torch.arange(self.k.shape[3] - self.rem_col, device=ids.device)
-        rs = ((geo.rem_start + r) % ring_size).to(torch.int32).view(1, 1, -1).expand(B, H, -1)
-        rd = (self.rem_col + r).to(torch.int32).view(1, 1, -1).expand(B, H, -1)
-        gather_rows(self.k[layer], self.v[layer], ring_k, ring_v, rs, geo.rem_len.to(torch.int32).view(1, 1).expand(B, H), rd)
+        -> (columns int32 [B, Hkv, width], counts int32 [B, Hkv]) of the memory in the buffer, block order.
+        Three launches (kernels/slot_stage.py: the slots, the rows; kernels/memory_index.py: the columns)."""
+        slot, src_blk, dst_slot, n_new = assign_slots(self.tags[layer], ids, counts, self.moved)
+        stage_rows(self.k[layer], self.v[layer], store.k[layer], store.v[layer], ring_k, ring_v, src_blk, dst_slot,
+                   n_new, self.n_init, self.bs, geo.rem_start, geo.rem_len, self.rem_col)
         return layout.index(slot, counts)
