@@ -8,12 +8,13 @@ select. Here:
   bounded_put      the incoming token's key, value, position and zero score into its slot (one launch
                    for the four scatters of `BoundedStore.put`)
   eviction_decode  attention over the bounded store with the scores and the splits' log-sum-exp
-                   (`attention.selection_attention_lse`), then one program per (sequence, KV head)
-                   that rebuilds each probability from the score and the log-sum-exp, pools it (sum,
-                   mean or max over the KV group; or the mean over every query head: TOVA's shared
-                   score), adds it to the accumulated scores (H2O), masks the protected window and
-                   keeps the running arg-min (ties to the lower slot, as torch.argmin): the slot the
-                   next token takes.
+                   (`attention.selection_attention_lse`), then one launch, a program per (sequence,
+                   KV head, block of slots), that rebuilds each probability from the score and the
+                   log-sum-exp, pools it (sum, mean or max over the KV group; or the mean over every
+                   query head: TOVA's shared score), adds it to the accumulated scores (H2O), masks
+                   the protected window and takes the arg-min (ties to the lower slot, as
+                   torch.argmin) across the programs with one int64 atomic_min: the slot the next
+                   token takes.
 
 Each has a torch reference with exactly the ops the methods ran before, the CPU path (so the CPU's
 choices do not move); tests/test_kernels_eviction_step.py checks the kernels against them.
@@ -37,7 +38,8 @@ if HAVE_TRITON:
         b = (pid // H).to(tl.int64)
         h = pid % H
         dd = tl.arange(0, D)
-        slot = tl.load(Slot + b * s_sb + h * s_sh)
+        slot = tl.load(Slot + b * s_sb + h * s_sh) & 0xFFFFFFFF   # the low half: the slot (see eviction_decode)
+        tl.store(Slot + b * s_sb + h * s_sh, 9223372036854775807)   # eviction_decode's arg-min starts here
         tl.store(K + b * s_kb + h * s_kh + slot * s_kn + dd, tl.load(Kn + b * s_knb + h * s_knh + dd))
         tl.store(V + b * s_vb + h * s_vh + slot * s_vn + dd, tl.load(Vn + b * s_vnb + h * s_vnh + dd))
         tl.store(P + b * s_pb + h * s_ph + slot * s_pn, tl.load(Position))
@@ -48,11 +50,14 @@ if HAVE_TRITON:
                       s_sb, s_sh, s_lb, s_lh, s_ab, s_ah, s_pb, s_ph, s_fb, s_fh,
                       H, S, NS,
                       G: tl.constexpr, NR: tl.constexpr, R_PAD: tl.constexpr, NS_PAD: tl.constexpr,
-                      BLOCK: tl.constexpr, POOL: tl.constexpr,
-                      ACCUM: tl.constexpr, PROTECT: tl.constexpr):
+                      BLOCK: tl.constexpr, POOL: tl.constexpr, ACCUM: tl.constexpr, PROTECT: tl.constexpr):
+        # Program (b * H + h, c): slots c*BLOCK.. of sequence b, KV head h.
         pid = tl.program_id(0)
+        cid = tl.program_id(1)
         b = (pid // H).to(tl.int64)
         h = pid % H
+        length = tl.load(Lens + b)
+        full = length == S
         row0 = h * G            # G = 0: every program reads every query head (TOVA's shared score)
         rows = tl.arange(0, R_PAD)
         rmask = rows < NR
@@ -62,44 +67,39 @@ if HAVE_TRITON:
                      mask=rmask[:, None] & (ss < NS)[None, :], other=float("-inf"))
         m = tl.max(lp, 1)
         m = tl.where(m == float("-inf"), 0.0, m)
-        lse = m + tl.log2(tl.sum(tl.exp2(lp - m[:, None]), 1))
-        lse = tl.where(rmask, lse, 0.0)
-        length = tl.load(Lens + b)
-        last = tl.load(Position)
-        best_v = tl.full((), float("inf"), tl.float32)
-        best_i = tl.zeros((), tl.int32)
-        for start in range(0, S, BLOCK):
-            offs = start + tl.arange(0, BLOCK)
-            smask = offs < S
-            qk = tl.load(Sc + b * s_sb + (row0 + rows)[:, None] * s_sh + offs[None, :],
-                         mask=rmask[:, None] & smask[None, :], other=float("-inf"))
-            p = tl.where(rmask[:, None], tl.exp2(qk * scale2 - lse[:, None]), 0.0)   # -inf -> 0
-            if POOL == 2:
-                sc = tl.max(p, 0)
-            elif POOL == 1:
-                sc = tl.sum(p, 0) / NR
-            else:
-                sc = tl.sum(p, 0)
-            if ACCUM:
-                sc = tl.load(Acc + b * s_ab + h * s_ah + offs, mask=smask, other=0.0) + sc
-                tl.store(Acc + b * s_ab + h * s_ah + offs, sc, mask=smask)
-            if PROTECT:
-                pos = tl.load(Pos + b * s_pb + h * s_ph + offs, mask=smask, other=-1)
-                sc = tl.where(pos > last - window, float("inf"), sc)
-            sc = tl.where(smask, sc, float("inf"))
-            bmin = tl.min(sc, 0)
-            bidx = tl.min(tl.where(sc == bmin, offs, 2147483647), 0)
-            take = bmin < best_v
-            best_i = tl.where(take, bidx, best_i)
-            best_v = tl.where(take, bmin, best_v)
-        free = tl.where(length == S, best_i, length)
-        tl.store(Free + b * s_fb + h * s_fh, free.to(tl.int64))
+        lse = tl.where(rmask, m + tl.log2(tl.sum(tl.exp2(lp - m[:, None]), 1)), 0.0)
+        offs = cid * BLOCK + tl.arange(0, BLOCK)
+        smask = offs < S
+        qk = tl.load(Sc + b * s_sb + (row0 + rows)[:, None] * s_sh + offs[None, :],
+                     mask=rmask[:, None] & smask[None, :], other=float("-inf"))
+        p = tl.where(rmask[:, None], tl.exp2(qk * scale2 - lse[:, None]), 0.0)   # -inf -> 0
+        if POOL == 2:
+            sc = tl.max(p, 0)
+        elif POOL == 1:
+            sc = tl.sum(p, 0) / NR
+        else:
+            sc = tl.sum(p, 0)
+        if ACCUM:
+            sc = tl.load(Acc + b * s_ab + h * s_ah + offs, mask=smask, other=0.0) + sc
+            tl.store(Acc + b * s_ab + h * s_ah + offs, sc, mask=smask)
+        if PROTECT:
+            pos = tl.load(Pos + b * s_pb + h * s_ph + offs, mask=smask, other=-1)
+            sc = tl.where(pos > tl.load(Position) - window, float("inf"), sc)
+        # the arg-min across programs: scores are >= 0 (or +inf), whose fp32 bits order as integers, so
+        # (bits << 32 | slot) ordered as int64 is (score, slot): its minimum is torch.argmin's choice
+        key = (sc.to(tl.int32, bitcast=True).to(tl.int64) << 32) | offs.to(tl.int64)
+        key = tl.min(tl.where(smask, key, 9223372036854775807), 0)
+        fp = Free + b * s_fb + h * s_fh
+        if full:
+            tl.atomic_min(fp, key)      # from int64 max, which the put of this step left there
+        elif cid == 0:
+            tl.store(fp, length.to(tl.int64))
 
 
 # ----------------------------------------------------------------------------- torch references
 
 def bounded_put_ref(k_store, v_store, pos_store, score_store, slot, k, v, position):
-    idx = slot.unsqueeze(-1)
+    idx = (slot & 0xFFFFFFFF).unsqueeze(-1)
     D = k.shape[-1]
     k_store.scatter_(2, idx.unsqueeze(-1).expand(-1, -1, 1, D), k)
     v_store.scatter_(2, idx.unsqueeze(-1).expand(-1, -1, 1, D), v)
@@ -136,9 +136,10 @@ def eviction_decode_ref(q, k, v, lengths, scale, acc, pos, free, position, *, ca
 # ----------------------------------------------------------------------------- public ops
 
 def bounded_put(k_store, v_store, pos_store, score_store, slot, k, v, position) -> None:
-    """One token per (sequence, KV head) into slot[b, h] (int64 [B, Hkv]): k, v [B, Hkv, 1, D] into the
-    layer's k_store, v_store [B, Hkv, cap, D], its position ([1] int64) into pos_store and a zero score
-    into score_store [B, Hkv, cap] (`BoundedStore.put`'s four scatters)."""
+    """One token per (sequence, KV head) into the slot in the low 32 bits of slot[b, h] (int64 [B, Hkv]):
+    k, v [B, Hkv, 1, D] into the layer's k_store, v_store [B, Hkv, cap, D], its position ([1] int64) into
+    pos_store and a zero score into score_store [B, Hkv, cap] (`BoundedStore.put`'s four scatters). The
+    kernel then sets slot to int64 max, where `eviction_decode`'s arg-min starts."""
     if backend_for(k) == "torch":
         return bounded_put_ref(k_store, v_store, pos_store, score_store, slot, k, v, position)
     B, H, _, D = k.shape
@@ -157,10 +158,14 @@ def eviction_decode(q, k, v, lengths, scale, acc, pos, free, position, *, cap: i
     the probabilities pooled per KV head (`pool` over the group, or the mean over every query head when
     `shared`), added into acc ([B, Hkv, cap] fp32, in place) when `accumulate`, slots whose pos > position
     - window protected (+inf) when `window` is set; when a sequence's store is full (length == cap) the
-    arg-min slot (ties to the lower slot), else its next empty slot (its length)."""
+    arg-min slot (ties to the lower slot), else its next empty slot (its length).
+
+    free holds the slot in its low 32 bits: the Triton path writes (score bits << 32 | slot) there, the
+    minimum of the programs' keys by atomic_min from the int64 max that `bounded_put` left (so the put
+    must run first in the step, as it does); the reference writes the bare slot."""
     if pool not in POOLS:
         raise ValueError(f"unknown pool {pool!r}; one of {POOLS}")
-    kw = dict(cap=cap, pool=pool, shared=shared, accumulate=accumulate, window=window)
+    kw = {"cap": cap, "pool": pool, "shared": shared, "accumulate": accumulate, "window": window}
     if backend_for(q) == "torch":
         return eviction_decode_ref(q, k, v, lengths, scale, acc, pos, free, position, **kw)
     B, Hq, _ = q.shape
@@ -171,8 +176,8 @@ def eviction_decode(q, k, v, lengths, scale, acc, pos, free, position, *, cap: i
     nr = Hq if shared else G
     r_pad = max(2, next_pow2(nr))
     ns = lp.shape[-1]
-    block = max(64, min(next_pow2(cap), 8192 // r_pad)) if q.is_cuda else 64
-    kernel_for(_evict_kernel, q)[(B * Hkv,)](
+    block = max(64, min(next_pow2(cap), 4096 // r_pad)) if q.is_cuda else 16
+    kernel_for(_evict_kernel, q)[(B * Hkv, -(-cap // block))](
         scores, lp, acc, pos, free, lengths, position, scale * LOG2E, 0 if window is None else int(window),
         scores.stride(0), scores.stride(1), lp.stride(0), lp.stride(1), acc.stride(0), acc.stride(1),
         pos.stride(0), pos.stride(1), free.stride(0), free.stride(1), Hkv, cap, ns,
