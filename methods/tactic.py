@@ -180,7 +180,6 @@ class Tactic(Method):
         self._epoch = getattr(self, "_epoch", 0) + 1
         self.rows = info.num_heads if c.select == "query_head" else info.num_kv_heads
         self.ce, self.n_clu, self.n_tok = c.sink, 0, 0           # positions [sink, ce) are clustered
-        self.e_pos = self.samp = self.m_len = self._event = None   # `_event_constants`, after each clustering
         self._fresh = False
         self.events: list[dict] = []
         self._heads: dict[int, torch.Tensor] = {}
@@ -188,9 +187,8 @@ class Tactic(Method):
             self.probe.reset()
 
     def buffers(self):
-        event = {k: t for k, t in (("e_pos", self.e_pos), ("samp", self.samp), ("m_len", self.m_len)) if t is not None}
         return {**self.store.buffers(), **self.index.buffers(), "harm": self.harm, "att": self._att,
-                "epoch": self.epochs[self._epoch % 2:self._epoch % 2 + 1], **event}
+                "epoch": self.epochs[self._epoch % 2:self._epoch % 2 + 1]}
 
     def _cluster(self, limit: int) -> None:
         """Cluster positions [ce, limit) as new clusters ("new"), or [sink, limit) afresh ("all")."""
@@ -241,17 +239,16 @@ class Tactic(Method):
         self.selected = {}
         if not self.n_tok:
             return
-        if self._event != (self.ce, self.n_tok):   # host ints: clustered since (or a new sequence)
-            self._event_constants()
+        self._exact_set()
         self.e_valid = self.e_pos.view(1, -1) < self.lengths.view(-1, 1)                # [B, Emax]
         self.n_e = self.e_valid.sum(-1)                                                # [B]
-        if c.mode == "topk":   # per step only what the length moves; the list length of each row
+        if c.mode == "topk":   # the list length of each row, the same in every layer of the step
             self.k_topk = (c.budget - self.n_e).clamp(0, self.n_tok).view(self.batch, 1).expand(self.batch, self.rows)
 
-    def _event_constants(self) -> None:
-        """What only a clustering event moves (E as slots; fit's scored ranks), built there, not every step
-        (issue 33). Declared buffers: new at each event, when `epoch` moves and the engine re-captures."""
-        c, dev, self._event = self.cfg, self.store.k.device, (self.ce, self.n_tok)
+    def _exact_set(self) -> None:
+        """The exact set E as slots, and fit mode's exactly scored list ranks (only there: issue 33, each
+        tensor built here is a launch per step)."""
+        c, dev = self.cfg, self.lengths.device
         # The exact set E as slots: sinks [0, sink) then [ce, cap); valid (written) ones form a prefix.
         self.e_max = c.sink + self.cap - self.ce
         j = torch.arange(self.e_max, device=dev)
@@ -295,8 +292,7 @@ class Tactic(Method):
 
     @property
     def tally(self) -> torch.Tensor:
-        """(sum over layer-steps of the mean attended tokens, layer-steps): each step counts every layer
-        (a layer-step attends at least its current token: the nonzero entries are the layer-steps)."""
+        """(sum over layer-steps of the mean attended tokens, layer-steps: the nonzero entries, >= 1 token each)."""
         att = self._att.double()
         return torch.stack([att.sum() / (self.batch * self.rows), (self._att > 0).sum().double()])
 
