@@ -237,7 +237,8 @@ class LycheeDecode(HybridHeads):
         c = self.cfg
         f = getattr(self, "_force", None)
         if f is None or f.shape[-1] != scores.shape[-1] or f.device != scores.device:   # a pipeline stage: its own
-            f = self._force = lychee_sets.forced(scores, self.lengths.to(scores.device), c.sink, c.recent)
+            n = self.lengths if self.lengths.device == scores.device else self.lengths.to(scores.device)
+            f = self._force = lychee_sets.forced(scores, n, c.sink, c.recent)
         return f
 
     def _join(self):

@@ -252,7 +252,7 @@ class Tactic(Method):
         # The exact set E as slots: sinks [0, sink) then [ce, cap); valid (written) ones form a prefix.
         self.e_max = c.sink + self.cap - self.ce
         j = torch.arange(self.e_max, device=dev)
-        self.e_pos = torch.where(j < c.sink, j, j - c.sink + self.ce)
+        self.e_pos = torch.where(j < c.sink, j, j + (self.ce - c.sink))
         self.samp = self.m_len = self.u = None
         if c.mode != "fit":   # fit: Algorithm 1's exactly scored list ranks, the head then two windows (host ints)
             return

@@ -27,7 +27,7 @@ def _pos(scores: torch.Tensor) -> torch.Tensor:
 def forced(scores: torch.Tensor, lengths: torch.Tensor, sink: int, recent: int) -> torch.Tensor:
     """[B, 1, S] bool: the sink and recent slots of each sequence (inside its length)."""
     pos = _pos(scores).view(1, 1, -1)
-    n = lengths.view(-1, 1, 1).long()
+    n = lengths.view(-1, 1, 1)   # int32 against int64 positions: compared as int64, no conversion launch
     return ((pos < sink) | (pos >= n - recent)) & (pos < n)
 
 
