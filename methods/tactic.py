@@ -251,8 +251,11 @@ class Tactic(Method):
         c, dev = self.cfg, self.lengths.device
         # The exact set E as slots: sinks [0, sink) then [ce, cap); valid (written) ones form a prefix.
         self.e_max = c.sink + self.cap - self.ce
-        j = torch.arange(self.e_max, device=dev)
-        self.e_pos = torch.where(j < c.sink, j, j + (self.ce - c.sink))
+        if c.sink:
+            j = torch.arange(self.e_max, device=dev)
+            self.e_pos = torch.where(j < c.sink, j, j + (self.ce - c.sink))
+        else:   # no sinks (the default): one launch
+            self.e_pos = torch.arange(self.ce, self.cap, device=dev)
         self.samp = self.m_len = self.u = None
         if c.mode != "fit":   # fit: Algorithm 1's exactly scored list ranks, the head then two windows (host ints)
             return
