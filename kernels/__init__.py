@@ -19,6 +19,8 @@ from .attention import (
     sparse_decode_tokens_ref,
     topk_positions,
 )
+from .centroid_scores import cluster_scores
+from .eviction_step import bounded_put, eviction_decode
 from .mass_prefill import causal_attention_mass, causal_attention_mass_ref
 from .prefill import attention_mass, attention_mass_ref, prefill_attention
 from .quest_pages import (
@@ -34,11 +36,14 @@ __all__ = [
     "attention_mass",
     "attention_mass_ref",
     "backend_for",
+    "bounded_put",
     "causal_attention_mass",
     "causal_attention_mass_ref",
+    "cluster_scores",
     "decode_attention",
     "decode_attention_mass",
     "decode_attention_ref",
+    "eviction_decode",
     "interpreter_active",
     "prefill_attention",
     "quest_page_scores",

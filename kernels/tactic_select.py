@@ -244,11 +244,12 @@ def select_cluster_tokens(scores, csize, cstart, order, k_row, e_pos, e_valid, k
     # csize/cstart/order keep their own strides (a ClusterIndex slice, or a copy .cuda() made dense)
     assert csize.stride(-1) == cstart.stride(-1) == order.stride(-1) == 1
     assert csize.dtype == cstart.dtype == order.dtype == torch.int32
-    sc = scores.float().contiguous()
+    # no conversion call where there is nothing to convert (each is a dispatched op, if not a launch)
+    sc = scores if scores.dtype == torch.float32 and scores.is_contiguous() else scores.float().contiguous()
     # bool -> bytes without a copy (a cast would add a kernel launch per layer)
     ev = e_valid.contiguous().view(torch.uint8) if e_valid.dtype == torch.bool else e_valid.contiguous()
-    ep = e_pos.long().contiguous()
-    kr = k_row.long()
+    ep = e_pos if e_pos.dtype == torch.long and e_pos.is_contiguous() else e_pos.long().contiguous()
+    kr = k_row if k_row.dtype == torch.long else k_row.long()
     idx = torch.empty(B, H, W, device=scores.device, dtype=torch.int32)
     cnt = torch.empty(B, H, device=scores.device, dtype=torch.int32)
     cuda = scores.is_cuda

@@ -156,6 +156,9 @@ class H2O(H2OScore, EvictionMethod):
     def protected(self, pos, last):
         return pos > last - self.cfg.window
 
+    def fused(self):
+        return {"pool": self.cfg.pool, "window": self.cfg.window}
+
 
 class H2OSimulated(H2OScore, Method):
     """Simulated eviction (utils_hh): a full store and, per KV head, the next step's attended set."""

@@ -229,6 +229,17 @@ class LycheeDecode(HybridHeads):
     def begin(self, step):
         self._join()
         super().begin(step)
+        self._force = None   # the step's forced sinks + recent slots, computed by its first top-k selection
+
+    def _forced(self, scores):
+        """`lychee_sets.forced` for this step's lengths: the same for every layer of the step, so built by
+        its first selecting layer (~8 small launches) and reused by the others (issue 33)."""
+        c = self.cfg
+        f = getattr(self, "_force", None)
+        if f is None or f.shape[-1] != scores.shape[-1] or f.device != scores.device:   # a pipeline stage: its own
+            n = self.lengths if self.lengths.device == scores.device else self.lengths.to(scores.device)
+            f = self._force = lychee_sets.forced(scores, n, c.sink, c.recent)
+        return f
 
     def _join(self):
         """The current stream waits for the last selection launched on the side stream."""
@@ -260,8 +271,10 @@ class LycheeDecode(HybridHeads):
         # retrieval heads' selection scores come out of the same kernel (their keys are read once)
         bs = c.block_size
         heads = self.ret_ids(layer) if n_ret else None
-        res = hybrid_decode(q1, keys, values, self.lengths, self.roles[layer], None if all_ret else self.index,
-                            None if all_ret else self.counts, scale, max_length=cap, page=bs,
+        # an all-retrieval layer reads no set; it passes the step's sets where there are some (after layer 0),
+        # which spares the kernel two placeholder allocations
+        res = hybrid_decode(q1, keys, values, self.lengths, self.roles[layer], self.index, self.counts, scale,
+                            max_length=cap, page=bs,
                             roles=self.roles_host[layer], score_heads=heads, score_block=bs)
         out, scores = res if n_ret else (res, None)
         self.record_hybrid(layer, all_ret, bs)
@@ -287,7 +300,8 @@ class LycheeDecode(HybridHeads):
             return lychee_sets.top_blocks(scores, c.budget // c.block_size, out=out, rows=rows,
                                           chunks=getattr(self, "topk_chunks", "auto"))
         if c.mode == "topk":
-            return lychee_sets.topk(scores, self.lengths, c.budget, c.sink, c.recent, out=out, rows=rows)
+            return lychee_sets.topk(scores, self.lengths, c.budget, c.sink, c.recent, out=out, rows=rows,
+                                    force=self._forced(scores))
         if c.mode == "ratio":
             return lychee_sets.ratio(scores, self.lengths, c.ratio, c.sink, c.recent)
         if c.mode == "topp":

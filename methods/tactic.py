@@ -1,34 +1,32 @@
 """Tactic (arXiv 2502.12216; no public code: built from the paper, decisions below).
 
-Stages (paper sec. 3): (1) after the prefill, per layer and KV head, k-means over the rotated keys
-(dot-product assignment, random initial keys, at most 10 iterations, one run, `cluster_size` tokens
-per cluster on average: 32); (2) per decode step, clusters ranked by q.centroid, unpacked in that
-order into a sorted token list; (3) Algorithm 1: the first `exact_head` list tokens (N = 128, "the
-initial 128 tokens ... computed directly") are scored exactly, the rest of the exp-score curve
-exp(q.k/sqrt(d)) over the list is modelled as y = a/x + b (x = 1-based list rank), fitted through the
-means of two windows of `fit_window` exactly scored list tokens centred at the fractions `fit_lo`
-and `fit_hi` of the list; the estimated total mass is exact head + fitted tail + the exact set, and
-the budget is the smallest list prefix K whose estimated mass reaches the target fraction P.
-Exact attention then runs over list ranks 0..K-1 plus the exact set (sparse decode over token sets).
+Stages (paper sec. 3): (1) after the prefill, per layer and KV head, k-means over the rotated keys (dot-product
+assignment, random initial keys, at most 10 iterations, one run, `cluster_size` tokens per cluster on average: 32);
+(2) per decode step, clusters ranked by q.centroid, unpacked in that order into a sorted token list; (3) Algorithm
+1: the first `exact_head` list tokens (N = 128, "the initial 128 tokens ... computed directly") are scored exactly,
+the rest of the exp-score curve exp(q.k/sqrt(d)) over the list is modelled as y = a/x + b (x = 1-based list rank),
+fitted through the means of two windows of `fit_window` exactly scored list tokens centred at the fractions `fit_lo`
+and `fit_hi` of the list; the estimated total mass is exact head + fitted tail + the exact set, and the budget is
+the smallest list prefix K whose estimated mass reaches the target fraction P. Exact attention then runs over list
+ranks 0..K-1 plus the exact set (sparse decode over token sets).
 
 Decisions the paper leaves open (methods.md sec. 3.2), all options:
-  * the exact set E: positional `sink` tokens and the recent tokens not yet clustered (the prefill's
-    last `window` tokens and every decoded token). The paper has neither; its "initial 128 tokens"
-    are read as Algorithm 1's N (the head of the sorted list), not as positional sinks (sink = 0).
-  * decoded tokens: the paper clusters once, after the prefill, and decodes at most 128 tokens, so
-    by default decoded tokens stay in E (recluster_every = null). With R set, every R decode steps
-    the tokens that left the window are clustered too: appended as new clusters ("new") or by
-    re-running k-means over everything ("all"). Needed where nothing is prefilled (the PG-19
-    token-by-token protocol of Fig. 6: otherwise every token stays exact and the method is full).
-  * GPU budgets: one set per query head (Algorithm 1's query Q; default) or per KV head shared by its
-    group (`select: kv_head`: clusters ranked by the group's summed centroid probabilities, each
-    query head fits its own curve, the set takes the group's largest K).
-  * `mode`: fit (the method), topk (the fixed budget of Fig. 6: list tokens up to `budget` - |E|),
-    oracle_global (Figs. 3-4: exact top-p by true weight over all tokens, no forced set) and
-    oracle_cluster (Fig. 8's "clustering optimal": exact top-p along the cluster-sorted list).
-Prefill is dense. The current token is always in E. Keys are cached rotated at their positions.
-On CUDA the set comes from one kernel without the sort (kernels/tactic_select.py: the same set as
-the sorted list's first K; fit and the cluster oracle still sort, to read list ranks).
+  * the exact set E: positional `sink` tokens and the recent tokens not yet clustered (the prefill's last `window`
+    tokens and every decoded token). The paper has neither; its "initial 128 tokens" are read as Algorithm 1's N
+    (the head of the sorted list), not as positional sinks (sink = 0).
+  * decoded tokens: the paper clusters once, after the prefill, and decodes at most 128 tokens, so by default
+    decoded tokens stay in E (recluster_every = null). With R set, every R decode steps the tokens that left the
+    window are clustered too: appended as new clusters ("new") or by re-running k-means over everything ("all").
+    Needed where nothing is prefilled (the PG-19 token-by-token protocol of Fig. 6: otherwise every token stays
+    exact and the method is full).
+  * GPU budgets: one set per query head (Algorithm 1's query Q; default) or per KV head shared by its group
+    (`select: kv_head`: clusters ranked by the group's summed centroid probabilities, each query head fits its own
+    curve, the set takes the group's largest K).
+  * `mode`: fit (the method), topk (the fixed budget of Fig. 6: list tokens up to `budget` - |E|), oracle_global
+    (Figs. 3-4: exact top-p by true weight over all tokens, no forced set) and oracle_cluster (Fig. 8's "clustering
+    optimal": exact top-p along the cluster-sorted list).
+Prefill is dense. The current token is always in E. Keys are cached rotated. On CUDA the set comes from one kernel
+without the sort (kernels/tactic_select.py: the sorted list's first K; fit and the cluster oracle still sort).
 """
 from __future__ import annotations
 
@@ -230,8 +228,7 @@ class Tactic(Method):
     # --- one step --------------------------------------------------------------------------------
     def begin(self, step):
         super().begin(step)
-        c = self.cfg
-        self.lengths = self.device_lengths(step, self.batch)
+        c, self.lengths = self.cfg, self.device_lengths(step, self.batch)
         if step.phase != "decode":
             self._fresh = True          # cluster what this prefill added, before the next decode step
             return
@@ -242,18 +239,28 @@ class Tactic(Method):
         self.selected = {}
         if not self.n_tok:
             return
-        dev = self.lengths.device
+        self._exact_set()
+        self.e_valid = self.e_pos.view(1, -1) < self.lengths.view(-1, 1)                # [B, Emax]
+        self.n_e = self.e_valid.sum(-1)                                                # [B]
+        if c.mode == "topk":   # the list length of each row, the same in every layer of the step
+            self.k_topk = (c.budget - self.n_e).clamp(0, self.n_tok).view(self.batch, 1).expand(self.batch, self.rows)
+
+    def _exact_set(self) -> None:
+        """The exact set E as slots, and fit mode's exactly scored list ranks (only there: issue 33, each
+        tensor built here is a launch per step)."""
+        c, dev = self.cfg, self.lengths.device
         # The exact set E as slots: sinks [0, sink) then [ce, cap); valid (written) ones form a prefix.
         self.e_max = c.sink + self.cap - self.ce
-        j = torch.arange(self.e_max, device=dev)
-        self.e_pos = torch.where(j < c.sink, j, j - c.sink + self.ce)
-        self.e_valid = self.e_pos.view(1, -1) < self.lengths.view(-1, 1).long()        # [B, Emax]
-        self.n_e = self.e_valid.sum(-1)                                                # [B]
-        self.clu_len = torch.full((self.batch,), self.n_clu, dtype=torch.int32, device=dev)
-        # Algorithm 1's exactly scored list ranks: the head, then the two fit windows (host ints)
+        if c.sink:
+            j = torch.arange(self.e_max, device=dev)
+            self.e_pos = torch.where(j < c.sink, j, j + (self.ce - c.sink))
+        else:   # no sinks (the default): one launch
+            self.e_pos = torch.arange(self.ce, self.cap, device=dev)
+        self.samp = self.m_len = self.u = None
+        if c.mode != "fit":   # fit: Algorithm 1's exactly scored list ranks, the head then two windows (host ints)
+            return
         self.n_head = min(c.exact_head, self.n_tok)
         ranks = [torch.arange(self.n_head, device=dev)]
-        self.u = None
         if self.n_tok > self.n_head:
             w = min(c.fit_window, self.n_tok - self.n_head)
             starts = [min(max(int(f * self.n_tok) - w // 2, self.n_head), self.n_tok - w) for f in (c.fit_lo, c.fit_hi)]
@@ -262,8 +269,6 @@ class Tactic(Method):
             ranks += [torch.arange(s, s + w, device=dev) for s in starts]
         self.samp = torch.cat(ranks)
         self.m_len = torch.full((self.batch,), self.e_max + self.samp.numel(), dtype=torch.int32, device=dev)
-        # top-k mode's list length per row, the same in every layer of the step
-        self.k_topk = (c.budget - self.n_e).clamp(0, self.n_tok).view(self.batch, 1).expand(self.batch, self.rows)
 
     def attend(self, layer, q, k, v, rope):
         step, c, scale = self.step, self.cfg, self.info.scaling
@@ -290,8 +295,7 @@ class Tactic(Method):
 
     @property
     def tally(self) -> torch.Tensor:
-        """(sum over layer-steps of the mean attended tokens, layer-steps): each step counts every layer
-        (a layer-step attends at least its current token: the nonzero entries are the layer-steps)."""
+        """(sum over layer-steps of the mean attended tokens, layer-steps: the nonzero entries, >= 1 token each)."""
         att = self._att.double()
         return torch.stack([att.sum() / (self.batch * self.rows), (self._att > 0).sum().double()])
 
@@ -300,7 +304,7 @@ class Tactic(Method):
         """Token sets (int32 [B, H, Kmax], counts [B, H]) for the rotated decode query q1 [B, Hq, D]."""
         c = self.cfg
         if c.mode == "oracle_global":
-            return self._global(layer, q1)
+            return global_optimal(self, layer, q1)   # exact top-p by true weight over all tokens
         s, csize = self._scores(layer, q1)
         # the full sort only where list ranks are read: fit's samples, the cluster oracle, diagnostics
         need_r = (c.mode != "topk" and c.target < 1.0) or self.probe is not None
@@ -333,7 +337,7 @@ class Tactic(Method):
         empty cluster whatever its score) and the sizes [B, Hkv, n] that rank them."""
         c, n = self.cfg, self.n_clu
         cent = self.index.cent[layer]
-        _, s = kernels.selection_attention(q1, cent, cent, self.clu_len, self.info.scaling, max_length=n)
+        s = kernels.cluster_scores(q1, cent, n, self.info.scaling)   # the scores alone: no attention over them
         B, Hq, _ = s.shape
         Hkv = self.info.num_kv_heads
         csize = self.index.csize[layer][..., :n]
@@ -390,10 +394,6 @@ class Tactic(Method):
         lp = probs.gather(-1, pos)
         e_mass = (probs.gather(-1, self.e_pos.view(1, 1, -1).expand(B, Hq, -1)) * self.e_valid.view(B, 1, -1)).sum(-1)
         return reach(e_mass, lp.cumsum(-1), self.cfg.target, self.n_tok), lp, e_mass
-
-    def _global(self, layer, q1):
-        """Global optimal: per row, the fewest tokens by descending true weight reaching the target."""
-        return global_optimal(self, layer, q1)
 
     def stats(self):
         return report(self, super().stats())

@@ -63,3 +63,6 @@ class TOVA(EvictionMethod):
         if self.cfg.heads == "shared":
             return probs.mean(1, keepdim=True).expand(B, Hkv, N)
         return probs.view(B, Hkv, Hq // Hkv, N).mean(2)
+
+    def fused(self):
+        return {"shared": self.cfg.heads == "shared", "pool": "mean"}

@@ -126,12 +126,17 @@ class EvictionMethod(KeepRule):
     def buffers(self):
         return {**self.store.buffers(), "free": self.free}
 
+    def fused(self) -> dict | None:
+        """The rule as `kernels.eviction_decode` computes it in one launch after the attention (pool,
+        shared, window: kernels/eviction_step.py), or None: the rule's own `score`/`protected` ops."""
+        return None
+
     def begin(self, step):
         super().begin(step)
         # tokens present once this step's token is in: a prefix of the slots (the length clamp)
         self.lengths = torch.clamp(step.positions[-1:] + 1, max=self.cap).to(torch.int32).expand(self.batch).contiguous()
         # shifted: the query sits at the cache length (its own rank), every slot at its rank
-        self.q_pos = torch.clamp(step.positions, max=self.cap - 1)
+        self.q_pos = torch.clamp(step.positions, max=self.cap - 1) if self.shifted else None
 
     def attend(self, layer, q, k, v, rope):
         step = self.step
@@ -143,20 +148,27 @@ class EvictionMethod(KeepRule):
 
     def _decode(self, layer, q, k, v, position, rope):
         S, B = self.store, q.shape[0]
-        S.put(layer, self.free[layer], k, v, position)
+        # the slot's key, value, position and zero score in one launch (BoundedStore.put's four scatters)
+        kernels.bounded_put(S.k[layer], S.v[layer], S.pos[layer], S.score[layer], self.free[layer], k, v, position)
         keys = S.k[layer]
         if self.shifted:
             keys = apply_rows(rope, keys, ranks(S.pos[layer], self.lengths.view(B, 1, 1).long()))
             q = rope.apply(q, self.q_pos)
         else:
             q = rope.apply(q, position)
-        out, probs = kernels.decode_attention_mass(q[:, :, 0].contiguous(), keys, S.v[layer], self.lengths,
-                                                   self.info.scaling, max_length=self.cap)
+        self.record(layer, self.lengths)
+        q1, rule = q[:, :, 0].contiguous(), self.fused()
+        if rule is not None:   # scoring, accumulation, protection and arg-min victim fused after the attention
+            out = kernels.eviction_decode(q1, keys, S.v[layer], self.lengths, self.info.scaling, S.score[layer],
+                                          S.pos[layer], self.free[layer], position, cap=self.cap,
+                                          accumulate=self.accumulate, **rule)
+            return out.view(B, 1, -1)
+        out, probs = kernels.decode_attention_mass(q1, keys, S.v[layer], self.lengths, self.info.scaling,
+                                                   max_length=self.cap)
         score = self.score(probs)
         if self.accumulate:
             S.score[layer] += score
             score = S.score[layer]
-        self.record(layer, self.lengths)
         # Full (budget + 1 tokens): the lowest-ranked unprotected token leaves and its slot takes the
         # next token; otherwise the next token takes the next empty slot.
         victim = self._ranked(score, S.pos[layer], position).argmin(-1)

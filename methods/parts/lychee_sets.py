@@ -27,19 +27,21 @@ def _pos(scores: torch.Tensor) -> torch.Tensor:
 def forced(scores: torch.Tensor, lengths: torch.Tensor, sink: int, recent: int) -> torch.Tensor:
     """[B, 1, S] bool: the sink and recent slots of each sequence (inside its length)."""
     pos = _pos(scores).view(1, 1, -1)
-    n = lengths.view(-1, 1, 1).long()
+    n = lengths.view(-1, 1, 1)   # int32 against int64 positions: compared as int64, no conversion launch
     return ((pos < sink) | (pos >= n - recent)) & (pos < n)
 
 
-def topk(scores, lengths, budget: int, sink: int, recent: int, out=None, rows=None):
+def topk(scores, lengths, budget: int, sink: int, recent: int, out=None, rows=None, force=None):
     """Top-`budget` set per row with sinks and recent tokens forced in and counted. out/rows: write the
-    sets in place (kernels.topk.topk_positions)."""
+    sets in place (kernels.topk.topk_positions). force: `forced(scores, lengths, sink, recent)` when the
+    caller has it (LycheeDecode computes it once per step, not once per layer)."""
     S = scores.shape[-1]
     k = min(max(int(budget), sink + recent), S)
-    boosted = torch.where(forced(scores, lengths, sink, recent), float("inf"), scores)
+    force = forced(scores, lengths, sink, recent) if force is None else force
+    boosted = scores.masked_fill(force, float("inf"))   # one launch (a where with a scalar is two)
     if budget <= sink + recent:
         # only the forced tokens: rank them first, drop every other slot
-        boosted = torch.where(torch.isinf(boosted) & (boosted > 0), boosted, float("-inf"))
+        boosted = boosted.masked_fill(~torch.isposinf(boosted), float("-inf"))
     return topk_positions(boosted, lengths, k, out=out, rows=rows)
 
 
