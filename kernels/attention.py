@@ -115,7 +115,7 @@ if HAVE_TRITON:
 
 
 def _launch(q, k, v, lengths, scale, *, index=None, counts=None, page=1, scores=None,
-            n_slots_max: int, kind: str, num_splits=None, config=None, partials=False):
+            n_slots_max: int, kind: str, num_splits=None, config=None):
     B, Hq, D = q.shape
     Hkv = k.shape[1]
     assert Hq % Hkv == 0, "Hq must be a multiple of Hkv"
@@ -147,8 +147,7 @@ def _launch(q, k, v, lengths, scale, *, index=None, counts=None, page=1, scores=
         R=R, G=G, R_PAD=max(16, next_pow2(R)), D=D, BLOCK_N=block, PAGE=page, INDEXED=indexed,
         LEN_MASK=len_mask, WRITE_SCORES=scores is not None, PREC=prec, UPCAST=upcast,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
-    out = combine(op, lp, _empty(B, Hq, D, device=q.device, dtype=q.dtype))
-    return (out, lp) if partials else out
+    return combine(op, lp, _empty(B, Hq, D, device=q.device, dtype=q.dtype))
 
 
 # ----------------------------------------------------------------------------- torch references
@@ -318,15 +317,3 @@ def decode_attention_mass(q, k, v, lengths, scale, *, max_length=None, num_split
                                       num_splits=num_splits, config=config)
     probs = torch.softmax(scores * scale, dim=-1)  # -inf past the length -> exactly 0
     return out, probs
-
-
-def selection_attention_lse(q, k, v, lengths, scale, *, max_length, num_splits=None, config=None):
-    """Triton only: `selection_attention`'s (out, scores) and the splits' base-2 log-sum-exp of the
-    scaled scores, lp [B, Hq, NS] fp32 (-inf for an empty split), from which a fused consumer rebuilds
-    the probabilities exp2(scale * log2(e) * score - logsumexp2(lp)) without a softmax pass
-    (kernels/eviction_step.py: H2O's and TOVA's decode scoring)."""
-    B, Hq, _ = q.shape
-    scores = _empty(B, Hq, int(max_length), device=q.device, dtype=torch.float32)
-    out, lp = _launch(q, k, v, lengths, scale, scores=scores, n_slots_max=int(max_length), kind="dense",
-                      num_splits=num_splits, config=config, partials=True)
-    return out, scores, lp

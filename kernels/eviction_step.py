@@ -7,10 +7,11 @@ select. Here:
 
   bounded_put      the incoming token's key, value, position and zero score into its slot (one launch
                    for the four scatters of `BoundedStore.put`)
-  eviction_decode  attention over the bounded store with the scores and the splits' log-sum-exp
-                   (`attention.selection_attention_lse`), then one launch, a program per (sequence,
-                   KV head, block of slots), that rebuilds each probability from the score and the
-                   log-sum-exp, pools it (sum, mean or max over the KV group; or the mean over every
+  eviction_decode  attention over the bounded store with its scores (`attention.selection_attention`),
+                   one launch for each row's log-sum-exp of the scaled scores (a program per query
+                   head; the cap's fp32 scores are ~1/64 of the K/V bytes the attention read), then
+                   one launch, a program per (sequence, KV head, block of slots), that rebuilds each
+                   probability from the score and the log-sum-exp, pools it (sum, mean or max over the KV group; or the mean over every
                    query head: TOVA's shared score), adds it to the accumulated scores (H2O), masks
                    the protected window and takes the arg-min (ties to the lower slot, as
                    torch.argmin) across the programs with one int64 atomic_min: the slot the next
@@ -46,6 +47,23 @@ if HAVE_TRITON:
         tl.store(A + b * s_ab + h * s_ah + slot * s_an, 0.0)
 
     @triton.jit
+    def _row_lse_kernel(Sc, Lse, S, scale2, s_sb, s_sh, HQ, BLOCK: tl.constexpr):
+        # one program per (sequence, query head): log2(sum(exp2(scale2 * score))) over the row, online
+        pid = tl.program_id(0)
+        row = Sc + (pid // HQ).to(tl.int64) * s_sb + (pid % HQ) * s_sh
+        offs = tl.arange(0, BLOCK)
+        m = tl.full((), float("-inf"), tl.float32)
+        acc = tl.zeros((), tl.float32)
+        for s0 in range(0, S, BLOCK):
+            x = tl.load(row + s0 + offs, mask=s0 + offs < S, other=float("-inf")) * scale2
+            m_new = tl.maximum(m, tl.max(x, 0))
+            base = tl.where(m_new == float("-inf"), 0.0, m_new)
+            acc = acc * tl.exp2(m - base) + tl.sum(tl.exp2(x - base), 0)
+            m = m_new
+        base = tl.where(m == float("-inf"), 0.0, m)
+        tl.store(Lse + pid, tl.where(acc > 0, base + tl.log2(tl.where(acc > 0, acc, 1.0)), float("-inf")))
+
+    @triton.jit
     def _evict_kernel(Sc, Lp, Acc, Pos, Free, Lens, Position, scale2, window,
                       s_sb, s_sh, s_lb, s_lh, s_ab, s_ah, s_pb, s_ph, s_fb, s_fh,
                       H, S, NS,
@@ -62,7 +80,7 @@ if HAVE_TRITON:
         rows = tl.arange(0, R_PAD)
         rmask = rows < NR
         ss = tl.arange(0, NS_PAD)
-        # each row's log-sum-exp (base 2) from the splits' partial ones
+        # each row's log-sum-exp (base 2) from its partial ones (NS of them; one: _row_lse_kernel's)
         lp = tl.load(Lp + b * s_lb + (row0 + rows)[:, None] * s_lh + ss[None, :],
                      mask=rmask[:, None] & (ss < NS)[None, :], other=float("-inf"))
         m = tl.max(lp, 1)
@@ -170,8 +188,11 @@ def eviction_decode(q, k, v, lengths, scale, acc, pos, free, position, *, cap: i
         return eviction_decode_ref(q, k, v, lengths, scale, acc, pos, free, position, **kw)
     B, Hq, _ = q.shape
     Hkv = k.shape[1]
-    out, scores, lp = attention.selection_attention_lse(q, k, v, lengths, scale, max_length=cap)
-    assert acc.stride(-1) == pos.stride(-1) == scores.stride(-1) == 1 and lp.is_contiguous()
+    out, scores = attention.selection_attention(q, k, v, lengths, scale, max_length=cap)
+    assert acc.stride(-1) == pos.stride(-1) == scores.stride(-1) == 1
+    lp = torch.empty(B, Hq, 1, device=q.device, dtype=torch.float32)   # one "split": the row's whole lse
+    kernel_for(_row_lse_kernel, q)[(B * Hq,)](scores, lp, cap, scale * LOG2E, scores.stride(0), scores.stride(1), Hq,
+                                              BLOCK=min(1024, next_pow2(cap)) if q.is_cuda else 16)
     G = Hq // Hkv
     nr = Hq if shared else G
     r_pad = max(2, next_pow2(nr))
