@@ -61,6 +61,19 @@ def two_part_decode_lse_ref(q1, k1, v1, index1, counts1, q2, k2, v2, index2, cou
     return merge_attention([a, b])
 
 
+def _two_partials(q1, k1, v1, index1, counts1, q2, k2, v2, index2, counts2, scale, scores, workspace):
+    """Both parts' split-K partials into one workspace (op, lp): the window's, then the memory's."""
+    parts = [(index1.shape[1], index1.shape[-1]), (index2.shape[1], index2.shape[-1])]
+    B, Hq, D = q1.shape
+    op, lp = workspace if workspace is not None else two_part_workspace(B, Hq, D, parts, q1.device)
+    n1 = _partials(q1, k1, v1, None, scale, index=index1, counts=counts1, scores=scores,
+                   n_slots_max=parts[0][1], kind="tokens", into=(op, lp, 0))[1].shape[-1]
+    n2 = _partials(q2, k2, v2, None, scale, index=index2, counts=counts2, n_slots_max=parts[1][1],
+                   kind="tokens", into=(op, lp, n1))[1].shape[-1]
+    assert n1 + n2 == lp.shape[-1] and op.is_contiguous() and lp.is_contiguous(), "workspace for other shapes"
+    return op, lp
+
+
 def two_part_decode_lse(q1, k1, v1, index1, counts1, q2, k2, v2, index2, counts2, scale, *, scores=None,
                         workspace=None):
     """Conventions of kernels.lse.sparse_decode_tokens_lse for each part (index int32 [B, H, n], counts
@@ -69,14 +82,7 @@ def two_part_decode_lse(q1, k1, v1, index1, counts1, q2, k2, v2, index2, counts2
     if backend_for(q1) == "torch":
         return two_part_decode_lse_ref(q1, k1, v1, index1, counts1, q2, k2, v2, index2, counts2, scale,
                                        scores=scores)
-    parts = [(index1.shape[1], index1.shape[-1]), (index2.shape[1], index2.shape[-1])]
-    B, Hq, D = q1.shape
-    op, lp = workspace if workspace is not None else two_part_workspace(B, Hq, D, parts, q1.device)
-    n1 = _partials(q1, k1, v1, None, scale, index=index1, counts=counts1, scores=scores,
-                   n_slots_max=parts[0][1], kind="tokens", into=(op, lp, 0))[1].shape[-1]
-    n2 = _partials(q2, k2, v2, None, scale, index=index2, counts=counts2, n_slots_max=parts[1][1],
-                   kind="tokens", into=(op, lp, n1))[1].shape[-1]
-    assert n1 + n2 == lp.shape[-1], "workspace planned for other shapes"
+    op, lp = _two_partials(q1, k1, v1, index1, counts1, q2, k2, v2, index2, counts2, scale, scores, workspace)
     return _combine_lse(op, lp, q1.dtype)
 
 
@@ -151,14 +157,8 @@ def two_part_decode_mass(q1, k1, v1, index1, counts1, q2, k2, v2, index2, counts
         mass_out.copy_(local_mass_ref(scores, lse, first, ring_size, n_local, scale))
         pos_out.copy_(first)
         return out, lse
-    parts = [(index1.shape[1], index1.shape[-1]), (index2.shape[1], index2.shape[-1])]
     B, Hq, D = q1.shape
-    op, lp = workspace if workspace is not None else two_part_workspace(B, Hq, D, parts, q1.device)
-    n1 = _partials(q1, k1, v1, None, scale, index=index1, counts=counts1, scores=scores,
-                   n_slots_max=parts[0][1], kind="tokens", into=(op, lp, 0))[1].shape[-1]
-    n2 = _partials(q2, k2, v2, None, scale, index=index2, counts=counts2, n_slots_max=parts[1][1],
-                   kind="tokens", into=(op, lp, n1))[1].shape[-1]
-    assert n1 + n2 == lp.shape[-1] and op.is_contiguous() and lp.is_contiguous(), "workspace for other shapes"
+    op, lp = _two_partials(q1, k1, v1, index1, counts1, q2, k2, v2, index2, counts2, scale, scores, workspace)
     assert mass_out.stride(-1) == 1 and scores.stride(-1) == 1
     out = torch.empty(B, Hq, D, device=q1.device, dtype=q1.dtype)
     lse = torch.empty(B, Hq, device=q1.device, dtype=torch.float32)
