@@ -2,7 +2,7 @@
 (keys rotated at their positions, query q1) and memory (un-rotated keys, the query q2 rotated by the fixed
 distance), each a set of token indices into its own store.
 
-`two_part_decode_lse` runs kernels/lse.py's split-K kernel once per part and combines the per-split
+`two_part_decode_mass` runs kernels/lse.py's split-K kernel once per part and combines the per-split
 partials of BOTH parts in a single pass (a softmax over the union is the merge of its splits, whichever
 part they came from): against two `sparse_decode_tokens_lse` calls and `merge_attention`, two combines and
 a merge (~40 small kernels per layer in the decode step) become one combine. The reference is exactly
@@ -27,7 +27,7 @@ from ._common import (
     tl,
     triton,
 )
-from .lse import _combine_lse, _partials, merge_attention, sparse_decode_tokens_lse_ref
+from .lse import _partials, merge_attention, sparse_decode_tokens_lse_ref
 
 
 def _splits(probe: torch.Tensor, programs: int, n_slots: int) -> int:
@@ -72,18 +72,6 @@ def _two_partials(q1, k1, v1, index1, counts1, q2, k2, v2, index2, counts2, scal
                    kind="tokens", into=(op, lp, n1))[1].shape[-1]
     assert n1 + n2 == lp.shape[-1] and op.is_contiguous() and lp.is_contiguous(), "workspace for other shapes"
     return op, lp
-
-
-def two_part_decode_lse(q1, k1, v1, index1, counts1, q2, k2, v2, index2, counts2, scale, *, scores=None,
-                        workspace=None):
-    """Conventions of kernels.lse.sparse_decode_tokens_lse for each part (index int32 [B, H, n], counts
-    int32 [B, H], a count of 0 allowed); Triton on CUDA, the reference elsewhere. `workspace`: from
-    two_part_workspace for these shapes (None: one is allocated for this call)."""
-    if backend_for(q1) == "torch":
-        return two_part_decode_lse_ref(q1, k1, v1, index1, counts1, q2, k2, v2, index2, counts2, scale,
-                                       scores=scores)
-    op, lp = _two_partials(q1, k1, v1, index1, counts1, q2, k2, v2, index2, counts2, scale, scores, workspace)
-    return _combine_lse(op, lp, q1.dtype)
 
 
 # --------------------------------------------------------------------------- the decode step's epilogue
@@ -147,7 +135,7 @@ if HAVE_TRITON:
 
 def two_part_decode_mass(q1, k1, v1, index1, counts1, q2, k2, v2, index2, counts2, scale, *, scores, first,
                          ring_size: int, mass_out, pos_out, workspace=None):
-    """two_part_decode_lse (part 1 the local window, its raw logits into `scores` [B, Hq, R]), then the
+    """One combine of both parts (part 1 the local window, its raw logits into `scores` [B, Hq, R]), then the
     local mass [B, Hq, n_local] into `mass_out` (fp32, its last dim contiguous) and `first` ([1] int64,
     the step's position) into `pos_out` [1]: the pending mass of the step. Returns (out, lse)."""
     n_local = mass_out.shape[-1]

@@ -8,12 +8,21 @@ import torch
 from triton_env import DEV, needs_triton
 
 from kernels.memory_decode import (
-    two_part_decode_lse,
     two_part_decode_lse_ref,
+    two_part_decode_mass,
     two_part_workspace,
 )
 
 B, HQ, HKV, D = 2, 4, 2, 16
+
+
+def _decode(dev, scores=None, workspace=None):
+    """The kernel path's (out, lse): two_part_decode_mass over a 40-slot window at position 39."""
+    sc = scores if scores is not None else torch.zeros(B, HQ, 40, device=DEV)
+    mass = torch.empty(B, HQ, 8, device=DEV)
+    pos = torch.empty(1, dtype=torch.long, device=DEV)
+    return two_part_decode_mass(*dev, 0.3, scores=sc, first=torch.tensor([39], device=DEV), ring_size=40,
+                                mass_out=mass, pos_out=pos, workspace=workspace)
 
 
 def _part(g, S, n, counts):
@@ -60,7 +69,7 @@ def test_triton_path_equals_reference(counts2, monkeypatch):
     sc_ref = torch.full((B, HQ, 40), -7.0, device=DEV)
     sc_got = sc_ref.clone()
     want, want_lse = two_part_decode_lse_ref(*dev, 0.3, scores=sc_ref)
-    got, got_lse = two_part_decode_lse(*dev, 0.3, scores=sc_got)
+    got, got_lse = _decode(dev, scores=sc_got)
     assert (got.float() - want.float()).abs().max().item() <= 1e-4
     assert (got_lse - want_lse).abs().max().item() <= 1e-4
     assert torch.allclose(sc_got, sc_ref, atol=1e-4)
@@ -79,7 +88,7 @@ def test_workspace_is_written_in_place_and_reused(monkeypatch):
     ws[1].fill_(float("nan"))
     want, want_lse = two_part_decode_lse_ref(*dev, 0.3)
     for _ in range(2):
-        got, got_lse = two_part_decode_lse(*dev, 0.3, workspace=ws)
+        got, got_lse = _decode(dev, workspace=ws)
         assert (got.float() - want.float()).abs().max().item() <= 1e-4
         assert (got_lse - want_lse).abs().max().item() <= 1e-4
     assert not ws[1].isnan().any()
