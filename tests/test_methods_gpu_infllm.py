@@ -6,6 +6,8 @@ the representative keys, while the outputs stay the same; blocks really move bet
 layer by layer (no model needed)."""
 from __future__ import annotations
 
+import gc
+
 import pytest
 import torch
 from omegaconf import OmegaConf
@@ -34,10 +36,23 @@ class _Rot(torch.nn.Module):
         return e.cos().to(x.dtype), e.sin().to(x.dtype)
 
 
+def _settle() -> None:
+    """Make memory_allocated() count this run's tensors only: collect what earlier tests left in reference
+    cycles (freed mid-run, they made a held size negative), and create the cuBLAS workspace before the
+    base is read (~32 MiB on Hopper, allocated by the process's first GEMM: it went to whichever run
+    came first, 34 MiB found by a gc walk of live CUDA tensors on the H200)."""
+    gc.collect()
+    for dt in (torch.bfloat16, torch.float32):
+        a = torch.ones(64, 64, device="cuda", dtype=dt)
+        (a @ a).sum().item()
+        torch.bmm(a[None], a[None]).sum().item()
+    torch.cuda.empty_cache()
+
+
 def _run(offload: bool, context: int, decode: int = 8, path: str = "host"):
     """path host: the LRU path (an evidence option takes it; no needle set: nothing recorded); device: the
     device path, the store in pinned host memory with offload."""
-    torch.cuda.empty_cache()
+    _settle()
     extra = {"evidence": "record"} if path == "host" else {}
     method = build(OmegaConf.create({**CFG, "offload": offload, **extra}), INFO)
     base = torch.cuda.memory_allocated()
