@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import importlib
 import os
 import traceback
 from pathlib import Path
@@ -138,7 +139,14 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--top", type=int, default=10, help="source lines shown per method")
+    ap.add_argument("--patch", nargs="*", default=[], metavar="MODULE.NAME=INT",
+                    help="set a module's int constant first, e.g. kernels.topk.RADIX_MAX_CONTEXT=1024: a short "
+                         "prompt then takes the dispatch a long context takes on the GPU")
     a = ap.parse_args(argv)
+    for spec in a.patch:
+        target, _, value = spec.partition("=")
+        mod, _, attr = target.rpartition(".")
+        setattr(importlib.import_module(mod), attr, int(value))
     if os.environ.get("TRITON_INTERPRET") == "1":
         _count_launches()
     model = tiny_model(a.layers)

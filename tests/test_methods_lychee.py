@@ -10,6 +10,7 @@ import torch
 from omegaconf import OmegaConf
 from test_methods_common import Driver, masked_attention, one_thread, rope_for  # noqa: F401
 from tiny_models import tiny
+from triton_env import needs_triton
 
 from common.errors import ConfigError
 from methods import ModelInfo, build
@@ -71,6 +72,24 @@ CASES = [
 
 @pytest.mark.parametrize("cfg", CASES)
 def test_sets_and_reuse_rule_by_brute_force(cfg):
+    check_sets_and_reuse(cfg)
+
+
+@needs_triton
+@pytest.mark.parametrize("cfg", [CASES[0], CASES[1], CASES[6]])
+@pytest.mark.parametrize("radix_max", [None, 8])
+def test_sets_and_reuse_rule_on_the_kernels(cfg, radix_max, monkeypatch):
+    """The same oracle on the Triton path (interpreter): the attention kernel writes the forced slots'
+    +inf (score_force), the radix top-k (or, past radix_max, torch.topk) selects; same sets."""
+    from methods.parts import lychee_sets
+
+    monkeypatch.setenv("HARNESS_KERNELS", "triton")
+    if radix_max is not None:
+        monkeypatch.setattr(lychee_sets, "RADIX_MAX", radix_max)
+    check_sets_and_reuse(cfg)
+
+
+def check_sets_and_reuse(cfg):
     rope = rope_for(tiny("llama"))
     method = build(OmegaConf.create({"name": "lychee", "heads": HEADS, **cfg}), INFO)
     d = Driver(method, INFO, rope, max_len=40)

@@ -31,18 +31,34 @@ def forced(scores: torch.Tensor, lengths: torch.Tensor, sink: int, recent: int) 
     return ((pos < sink) | (pos >= n - recent)) & (pos < n)
 
 
-def topk(scores, lengths, budget: int, sink: int, recent: int, out=None, rows=None, force=None):
+# Token rows longer than this go to torch.topk + sort, shorter ones to kernels/topk.py's radix kernel in two
+# stages (chunks of 16K scores for k = 4096, then the row's top-k of the C x 4096 candidates): the dispatch
+# cut for LycheeDecode's k = 4096 token sets (kernels/topk.py keeps 32K for its other callers). Estimated,
+# not measured (issue 33), from the one-stage kernel's H100 times at k = 4096 (results/bench/
+# lychee_kernels_h100.json: 0.068 ms at 16K, 0.58 ms at 128K, ~4.3 us per 1K scores) against torch.topk +
+# sort (0.12-0.15 ms at 16K, 0.11-0.17 ms at 128K, ~30 kernels a call, each ~2 us in a CUDA graph):
+# two stages take ~0.068 ms + the candidates' pass, ~0.12 ms at 32K (3 chunks), ~0.16 ms at 64K (5),
+# ~0.23 ms at 128K (9): ahead of torch up to ~64K, behind it at 128K. The capacity sits a few hundred slots
+# past the context, so the cut is 96K, not 64K. `impl`/`radix_max` of `topk` time either path.
+RADIX_MAX = 98304
+
+
+def topk(scores, lengths, budget: int, sink: int, recent: int, out=None, rows=None, boosted: bool = False,
+         radix_max: int | None = None, chunks="auto"):
     """Top-`budget` set per row with sinks and recent tokens forced in and counted. out/rows: write the
-    sets in place (kernels.topk.topk_positions). force: `forced(scores, lengths, sink, recent)` when the
-    caller has it (LycheeDecode computes it once per step, not once per layer)."""
+    sets in place (kernels.topk.topk_positions). boosted: the scores already hold +inf at the forced
+    slots (and -inf elsewhere where budget <= sink + recent): LycheeDecode's attention kernel writes them
+    so (kernels.hybrid_decode's score_force). radix_max: the radix/torch cut (None: RADIX_MAX)."""
     S = scores.shape[-1]
     k = min(max(int(budget), sink + recent), S)
-    force = forced(scores, lengths, sink, recent) if force is None else force
-    boosted = scores.masked_fill(force, float("inf"))   # one launch (a where with a scalar is two)
-    if budget <= sink + recent:
-        # only the forced tokens: rank them first, drop every other slot
-        boosted = boosted.masked_fill(~torch.isposinf(boosted), float("-inf"))
-    return topk_positions(boosted, lengths, k, out=out, rows=rows)
+    if not boosted:
+        force = forced(scores, lengths, sink, recent)
+        scores = scores.masked_fill(force, float("inf"))   # one launch (a where with a scalar is two)
+        if budget <= sink + recent:
+            # only the forced tokens: rank them first, drop every other slot
+            scores = scores.masked_fill(~torch.isposinf(scores), float("-inf"))
+    return topk_positions(scores, lengths, k, out=out, rows=rows, chunks=chunks,
+                          radix_max=RADIX_MAX if radix_max is None else radix_max)
 
 
 def top_blocks(block_scores, budget_blocks: int, out=None, rows=None, chunks="auto"):
