@@ -290,7 +290,7 @@ class LycheeDecode(HybridHeads):
         scale = REFERENCE_SCALE if c.prob_scale == "reference" else self.info.scaling
         # timing switches (bench.profile_decode --alt lychee:topk_chunks=1 / topk_radix_max=0): the top-k's
         # two-stage split and the row length past which token rows go to torch.topk (lychee_sets.RADIX_MAX)
-        chunks = getattr(self, "topk_chunks", "auto")
+        chunks = getattr(self, "topk_chunks", None)   # None: lychee_sets' defaults
         if c.block_size > 1:
             return lychee_sets.top_blocks(scores, c.budget // c.block_size, out=out, rows=rows, chunks=chunks)
         if c.mode == "topk":   # scores boosted by the attention kernel (decode's score_force)

@@ -189,3 +189,25 @@ def test_random_heads_count_and_layer0():
     hs = method.cfg.head_set(INFO)
     assert all(hs.roles[0]) and sum(map(sum, hs.roles[1:])) == 4
     assert hs.roles == build(OmegaConf.create({"name": "lychee", "heads": "random:3:4"}), INFO).cfg.head_set(INFO).roles
+
+
+@needs_triton
+@pytest.mark.parametrize("S,budget,sink,recent", [(600, 150, 4, 20), (900, 100, 8, 16), (600, 20, 8, 16)])
+def test_token_topk_two_stage_is_the_reference_set(S, budget, sink, recent, monkeypatch):
+    """lychee_sets.topk on the radix kernel with its token_chunks split (two stages where they fit), the scores
+    boosted as the attention kernel leaves them, is the reference's set (torch path, unboosted scores)."""
+    from kernels.hybrid import force_scores_ref
+    from kernels.topk import chunk_plan
+    from methods.parts import lychee_sets
+
+    g = torch.Generator().manual_seed(S + budget)
+    lengths = torch.tensor([S, S - 123], dtype=torch.int32)
+    scores = torch.randn(2, 3, S, generator=g)
+    scores = scores.masked_fill(torch.arange(S) >= lengths.view(2, 1, 1), float("-inf"))
+    k = min(max(budget, sink + recent), S)
+    assert budget <= sink + recent or chunk_plan(S, k, lychee_sets.token_chunks(S, k))[0] > 1
+    want = lychee_sets.topk(scores, lengths, budget, sink, recent)                 # torch path: the reference
+    monkeypatch.setenv("HARNESS_KERNELS", "triton")
+    boosted = force_scores_ref(scores, lengths, sink, recent, budget <= sink + recent)
+    got = lychee_sets.topk(boosted, lengths, budget, sink, recent, boosted=True)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
