@@ -196,6 +196,13 @@ def test_hybrid_decode_llama3_shape(B, S, n_ret, page):
     for scores in (H.retrieval_scores(q, k, lengths, heads, max_length=S, block=page), fused):
         assert torch.equal(fin, torch.isfinite(scores))
         torch.testing.assert_close(scores[fin], ref[fin], atol=0.5, rtol=2e-2)
+    if page == 1:   # LycheeDecode's forced sinks/recent written by the kernel: the same as boosting its scores
+        _, forced = H.hybrid_decode(q, k, v, lengths, ret, index, counts, D ** -0.5, max_length=S, roles=roles,
+                                    score_heads=heads, score_force=(128, 256, False))
+        want = H.force_scores_ref(fused, lengths, 128, 256)
+        wfin = torch.isfinite(want)
+        assert torch.equal(forced[~wfin], want[~wfin]) and torch.equal(wfin, torch.isfinite(forced))
+        torch.testing.assert_close(forced[wfin], want[wfin], atol=1e-3, rtol=1e-4)
 
 
 @pytest.mark.parametrize("T,L,sink,recent,block", [(40, 40, 3, 5, 8), (23, 61, 0, 7, 5), (30, 50, 4, 40, 16),

@@ -211,3 +211,23 @@ def test_token_topk_two_stage_is_the_reference_set(S, budget, sink, recent, monk
     boosted = force_scores_ref(scores, lengths, sink, recent, budget <= sink + recent)
     got = lychee_sets.topk(boosted, lengths, budget, sink, recent, boosted=True)
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("B,H,S", [(1, 8, 33300), (8, 4, 66000), (1, 2, 98304)])
+def test_token_topk_real_shapes(B, H, S):
+    """LycheeDecode's token rows on the GPU (k = 4096, 128 sinks + 256 recent boosted to +inf, rows up to
+    RADIX_MAX through the two-stage radix kernel): the reference's set, ties (rounded scores) included."""
+    from kernels.hybrid import force_scores_ref
+    from kernels.topk import topk_positions_ref
+    from methods.parts import lychee_sets
+
+    g = torch.Generator(device="cuda").manual_seed(S)
+    s = (torch.randn(B, H, S, device="cuda", generator=g) * 8).round() / 8
+    lengths = torch.randint(S // 2, S + 1, (B,), device="cuda", dtype=torch.int32, generator=g)
+    s = s.masked_fill(torch.arange(S, device="cuda") >= lengths.view(B, 1, 1), float("-inf"))
+    boosted = force_scores_ref(s, lengths, 128, 256)
+    got = lychee_sets.topk(boosted, lengths, 4096, 128, 256, boosted=True)
+    ref = topk_positions_ref(boosted, lengths, 4096)
+    assert torch.equal(got[0], ref[0]) and torch.equal(got[1], ref[1])
