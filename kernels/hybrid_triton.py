@@ -216,11 +216,13 @@ def hybrid_decode_triton(q, k, v, lengths, retrieval, index, counts, scale, *, m
     sink, recent, only = score_force or (0, 0, False)
     assert score_force is None or pool == 1, "forced slots are token scores (score_block 1)"
     S = int(max_length) if max_length is not None else int(lengths.max())
-    if index is None:
+    if index is None:   # every program is a retrieval one and reads no index: `lengths` stands in (no launch)
         assert n_ret == Hkv, "index may be None only when every head is a retrieval head"
-        index = counts = lengths.new_zeros(B, Hkv, 1)
-        counts = lengths.new_zeros(B, Hkv)
-    slots_sparse = index.shape[-1] * page
+        index = counts = lengths
+        s_ib = s_ih = s_cb = slots_sparse = 0
+    else:
+        s_ib, s_ih, s_cb = index.stride(0), index.stride(1), counts.stride(0)
+        slots_sparse = index.shape[-1] * page
     ch, ns_full, ns_sparse = plan(n_ret, Hkv - n_ret, S, slots_sparse, B, block, num_sms(q), cfg["programs_per_sm"],
                                   chunk)
     nsmax = max(ns_full if n_ret else 1, ns_sparse if n_ret < Hkv else 1)
@@ -234,7 +236,7 @@ def hybrid_decode_triton(q, k, v, lengths, retrieval, index, counts, scale, *, m
     kernel_for(_hybrid_kernel, q)[(n_work, B)](
         q, k, v, lengths, index, counts, op, lp, scores, scale * LOG2E, ret_mask, ns_full, ns_sparse, ch, nsmax,
         nb_out, int(sink), int(recent), q.stride(0), q.stride(1), k.stride(0), k.stride(1), k.stride(2),
-        v.stride(0), v.stride(1), v.stride(2), index.stride(0), index.stride(1), counts.stride(0), scores.stride(0),
+        v.stride(0), v.stride(1), v.stride(2), s_ib, s_ih, s_cb, scores.stride(0),
         scores.stride(1), HKV=Hkv, G=G, G_PAD=max(16, next_pow2(G)), D=D, BLOCK_N=block, PAGE=page, PREC=prec,
         UPCAST=upcast, POOL=pool, FORCE=0 if score_force is None else 2 if only else 1,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
