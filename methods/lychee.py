@@ -261,7 +261,7 @@ class LycheeDecode(HybridHeads):
         bs = c.block_size
         heads = self.ret_ids(layer) if n_ret else None
         # an all-retrieval layer reads no set; it passes the step's sets where there are some (after layer 0),
-        # which spares the kernel two placeholder allocations
+        # None at layer 0 (the kernel then needs no index at all)
         # top-k token sets: the kernel writes the forced sinks + recent slots as +inf (-inf elsewhere when
         # they fill the budget), so the selection is the top-k alone (no mask and fill a layer, issue 33)
         force = (c.sink, c.recent, c.budget <= c.sink + c.recent) if c.mode == "topk" and bs == 1 else None
