@@ -288,14 +288,17 @@ class LycheeDecode(HybridHeads):
     def select(self, scores, out=None, rows=None):
         c = self.cfg
         scale = REFERENCE_SCALE if c.prob_scale == "reference" else self.info.scaling
-        # timing switches (bench.profile_decode --alt lychee:topk_chunks=1 / topk_radix_max=0): the top-k's
-        # two-stage split and the row length past which token rows go to torch.topk (lychee_sets.RADIX_MAX)
+        # timing switches (bench.profile_decode --alt lychee:topk_chunks=1 / topk_radix_max=0 / topk_block=4096):
+        # the top-k's two-stage split, the row length past which token rows go to torch.topk
+        # (lychee_sets.RADIX_MAX) and the radix kernel's scores per loop step (fewer, longer steps on 11K-16K
+        # token chunks; unmeasured)
         chunks = getattr(self, "topk_chunks", None)   # None: lychee_sets' defaults
         if c.block_size > 1:
             return lychee_sets.top_blocks(scores, c.budget // c.block_size, out=out, rows=rows, chunks=chunks)
         if c.mode == "topk":   # scores boosted by the attention kernel (decode's score_force)
             return lychee_sets.topk(scores, self.lengths, c.budget, c.sink, c.recent, out=out, rows=rows,
-                                    boosted=True, chunks=chunks, radix_max=getattr(self, "topk_radix_max", None))
+                                    boosted=True, chunks=chunks, radix_max=getattr(self, "topk_radix_max", None),
+                                    block=getattr(self, "topk_block", None))
         if c.mode == "ratio":
             return lychee_sets.ratio(scores, self.lengths, c.ratio, c.sink, c.recent)
         if c.mode == "topp":

@@ -209,8 +209,9 @@ def test_token_topk_two_stage_is_the_reference_set(S, budget, sink, recent, monk
     want = lychee_sets.topk(scores, lengths, budget, sink, recent)                 # torch path: the reference
     monkeypatch.setenv("HARNESS_KERNELS", "triton")
     boosted = force_scores_ref(scores, lengths, sink, recent, budget <= sink + recent)
-    got = lychee_sets.topk(boosted, lengths, budget, sink, recent, boosted=True)
-    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    for block in (None, 256):   # the kernel's loop step (LycheeDecode's topk_block switch)
+        got = lychee_sets.topk(boosted, lengths, budget, sink, recent, boosted=True, block=block)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
 
 
 @pytest.mark.gpu

@@ -55,12 +55,13 @@ def token_chunks(S: int, k: int) -> int:
 
 
 def topk(scores, lengths, budget: int, sink: int, recent: int, out=None, rows=None, boosted: bool = False,
-         radix_max: int | None = None, chunks=None):
+         radix_max: int | None = None, chunks=None, block: int | None = None):
     """Top-`budget` set per row with sinks and recent tokens forced in and counted. out/rows: write the
     sets in place (kernels.topk.topk_positions). boosted: the scores already hold +inf at the forced
     slots (and -inf elsewhere where budget <= sink + recent): LycheeDecode's attention kernel writes them
     so (kernels.hybrid_decode's score_force). radix_max: the radix/torch cut (None: RADIX_MAX). chunks: the
-    radix kernel's two-stage split (None: token_chunks; "auto": kernels/topk.py's; an int): the same set."""
+    radix kernel's two-stage split (None: token_chunks; "auto": kernels/topk.py's; an int), block: its
+    scores per loop step (None: its default, 1024 on CUDA): the same set either way."""
     S = scores.shape[-1]
     k = min(max(int(budget), sink + recent), S)
     chunks = token_chunks(S, k) if chunks is None else chunks
@@ -70,7 +71,7 @@ def topk(scores, lengths, budget: int, sink: int, recent: int, out=None, rows=No
         if budget <= sink + recent:
             # only the forced tokens: rank them first, drop every other slot
             scores = scores.masked_fill(~torch.isposinf(scores), float("-inf"))
-    return topk_positions(scores, lengths, k, out=out, rows=rows, chunks=chunks,
+    return topk_positions(scores, lengths, k, out=out, rows=rows, chunks=chunks, block=block,
                           radix_max=RADIX_MAX if radix_max is None else radix_max)
 
 
