@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import importlib
 import os
 import traceback
 from pathlib import Path
@@ -43,17 +44,21 @@ VIEWS = {"view", "_unsafe_view", "as_strided", "expand", "slice", "select", "uns
          "diagonal", "movedim", "indices", "values", "_local_scalar_dense", "sym_size", "sym_stride",
          "is_nonzero", "item", "dim", "size", "stride", "_to_copy_view"}
 
+ALLOCS = {"empty", "empty_strided", "empty_like", "new_empty", "new_empty_strided"}
+
 
 class Counter(TorchDispatchMode):
     def __init__(self):
         super().__init__()
         self.by_line = collections.Counter()
         self.total = 0
+        self.allocs = 0   # of which allocations (empty*): no kernel on the GPU, nothing in a CUDA graph
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         name = func.__name__.split(".")[0]
         if name not in VIEWS and not LAUNCH["inside"]:
             self.total += 1
+            self.allocs += name in ALLOCS
             self.by_line[_origin()] += 1
         return func(*args, **(kwargs or {}))
 
@@ -138,13 +143,21 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--top", type=int, default=10, help="source lines shown per method")
+    ap.add_argument("--patch", nargs="*", default=[], metavar="MODULE.NAME=INT",
+                    help="set a module's int constant first, e.g. kernels.topk.RADIX_MAX_CONTEXT=1024: a short "
+                         "prompt then takes the dispatch a long context takes on the GPU")
     a = ap.parse_args(argv)
+    for spec in a.patch:
+        target, _, value = spec.partition("=")
+        mod, _, attr = target.rpartition(".")
+        setattr(importlib.import_module(mod), attr, int(value))
     if os.environ.get("TRITON_INTERPRET") == "1":
         _count_launches()
     model = tiny_model(a.layers)
     for spec in a.methods:
         c = count(model, spec, a.prompt, a.steps)
-        print(f"== {spec}: {c.total / a.layers:.0f} ops per layer ({c.total} in the step, {a.layers} layers)")
+        print(f"== {spec}: {c.total / a.layers:.0f} ops per layer ({c.total} in the step, {a.layers} layers; "
+              f"{(c.total - c.allocs) / a.layers:.1f} per layer without the {c.allocs} allocations)")
         for line, n in c.by_line.most_common(a.top):
             print(f"   {n / a.layers:6.1f}  {line}")
     return 0

@@ -40,6 +40,16 @@ def retrieval_scores_ref(q, k, lengths, heads, max_length=None, block: int = 1):
     return s
 
 
+def force_scores_ref(scores, lengths, sink: int, recent: int, only: bool = False):
+    """Token scores [B, n, S] with the first `sink` and last `recent` slots below each length at +inf
+    (LycheeDecode's forced tokens); `only`: every other slot -inf."""
+    pos = torch.arange(scores.shape[-1], device=scores.device).view(1, 1, -1)
+    n = lengths.to(scores.device).view(-1, 1, 1)
+    forced = ((pos < sink) | (pos >= n - recent)) & (pos < n)
+    base = torch.full_like(scores, float("-inf")) if only else scores
+    return base.masked_fill(forced, float("inf"))
+
+
 def hybrid_decode_ref(q, k, v, lengths, retrieval, index, counts, scale, max_length=None):
     Hq = q.shape[1]
     G = Hq // k.shape[1]
@@ -65,7 +75,7 @@ def retrieval_scores(q, k, lengths, heads, *, max_length=None, block: int = 1):
 
 
 def hybrid_decode(q, k, v, lengths, retrieval, index, counts, scale, *, max_length=None, page: int = 1,
-                  roles=None, config=None, chunk=None, score_heads=None, score_block: int = 1):
+                  roles=None, config=None, chunk=None, score_heads=None, score_block: int = 1, score_force=None):
     """Decode attention where the query heads of retrieval KV heads (`retrieval` bool [Hkv]) read
     every slot below their length and the others read their KV head's index set (`page` > 1: the
     index holds block numbers of `page` slots each, tokens at or past the length masked). `index`
@@ -76,7 +86,9 @@ def hybrid_decode(q, k, v, lengths, retrieval, index, counts, scale, *, max_leng
     `score_heads` (int64 [n], device: the layer's retrieval KV heads in ascending order) asks for their
     selection scores too, as `retrieval_scores(..., heads=score_heads, block=score_block)` gives them:
     returns (out, scores). On CUDA the attention kernel writes them while it reads those keys (one read
-    of the retrieval heads' K instead of two)."""
+    of the retrieval heads' K instead of two). `score_force` = (sink, recent, only), token scores only:
+    the scores as `force_scores_ref` leaves them (LycheeDecode's boost written by the kernel, no
+    separate mask and fill per layer)."""
     if backend_for(q) == "torch":
         if page > 1 and index is not None:
             from .attention import sparse_decode_pages_ref
@@ -89,14 +101,19 @@ def hybrid_decode(q, k, v, lengths, retrieval, index, counts, scale, *, max_leng
             out = hybrid_decode_ref(q, k, v, lengths, retrieval, index, counts, scale, max_length)
         if score_heads is None:
             return out
-        return out, retrieval_scores_ref(q, k, lengths, score_heads, max_length, score_block)
+        scores = retrieval_scores_ref(q, k, lengths, score_heads, max_length, score_block)
+        if score_force is not None:
+            assert score_block == 1, "forced slots are token scores (score_block 1)"
+            scores = force_scores_ref(scores, lengths, *score_force)
+        return out, scores
     from .hybrid_triton import hybrid_decode_triton
 
     if score_heads is not None and roles is not None:
         assert score_heads.numel() == sum(roles), "score_heads must be the layer's retrieval heads"
     return hybrid_decode_triton(q, k, v, lengths, retrieval, index, counts, scale, max_length=max_length,
                                 page=page, roles=roles, config=config, chunk=chunk,
-                                score_block=score_block if score_heads is not None else None)
+                                score_block=score_block if score_heads is not None else None,
+                                score_force=score_force if score_heads is not None else None)
 
 
 def streaming_prefill_attention(q, k, v, scale, retrieval, sink: int, recent: int, *, block: int = 1024):

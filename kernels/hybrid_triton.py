@@ -18,6 +18,7 @@ import torch
 
 from ._common import LOG2E, kernel_for, next_pow2, num_sms, tl, triton
 
+
 def _empty(*shape, device, dtype):
     """Every buffer the kernels must fill comes from here (tests swap in a NaN-filled version)."""
     return torch.empty(*shape, device=device, dtype=dtype)
@@ -66,13 +67,15 @@ def _store_scores(row, start, s, NB_OUT, BLOCK_N: tl.constexpr, POOL: tl.constex
 
 @triton.jit
 def _hybrid_kernel(Q, K, V, Lens, Idx, Cnt, Op, Lp, Sc, qk_scale, RET_MASK, NS_FULL, NS_SPARSE, CHUNK, NSMAX,
-                   NB_OUT, s_qb, s_qh, s_kb, s_kh, s_kn, s_vb, s_vh, s_vn, s_ib, s_ih, s_cb, s_sb, s_sh,
+                   NB_OUT, SINK, RECENT, s_qb, s_qh, s_kb, s_kh, s_kn, s_vb, s_vh, s_vn, s_ib, s_ih, s_cb, s_sb, s_sh,
                    HKV: tl.constexpr, G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr,
                    BLOCK_N: tl.constexpr, PAGE: tl.constexpr, PREC: tl.constexpr, UPCAST: tl.constexpr,
-                   POOL: tl.constexpr):
+                   POOL: tl.constexpr, FORCE: tl.constexpr = 0):
     # POOL > 0: retrieval programs also write their slots' selection scores (q̄·K unscaled = the mean
     # of the group's q·K rows, max-pooled per POOL slots) to row `rank` of Sc, -inf past the length:
-    # the retrieval heads' keys are read once for attention and selection (BLOCK_N % POOL == 0)
+    # the retrieval heads' keys are read once for attention and selection (BLOCK_N % POOL == 0).
+    # FORCE (POOL == 1): the first SINK and last RECENT slots below the length score +inf (LycheeDecode's
+    # forced tokens, which the top-k then takes first); 2: every other slot -inf (only the forced ones)
     w = tl.program_id(0)
     b = tl.program_id(1)
     kvh, sid, is_ret, rank = _head_of(w, RET_MASK, NS_FULL, NS_SPARSE, HKV)
@@ -110,11 +113,17 @@ def _hybrid_kernel(Q, K, V, Lens, Idx, Cnt, Op, Lp, Sc, qk_scale, RET_MASK, NS_F
         if UPCAST:
             k = k.to(tl.float32)
         qk = tl.dot(q, tl.trans(k), input_precision=PREC)
-        if POOL > 0:
+        # nested: the constexpr test must drop the body at compile time (POOL 0 would divide by it)
+        if POOL > 0:  # noqa: SIM102
             if is_ret == 1:
-                _store_scores(Sc + b64 * s_sb + rank * s_sh, start,
-                              tl.where(valid, tl.sum(tl.where(rmask[:, None], qk, 0.0), 0) / G, float("-inf")),
-                              NB_OUT, BLOCK_N, POOL)
+                sc = tl.where(valid, tl.sum(tl.where(rmask[:, None], qk, 0.0), 0) / G, float("-inf"))
+                if FORCE > 0:
+                    forced = valid & ((pos < SINK) | (pos >= length - RECENT))
+                    if FORCE == 2:
+                        sc = tl.where(forced, float("inf"), float("-inf"))
+                    else:
+                        sc = tl.where(forced, float("inf"), sc)
+                _store_scores(Sc + b64 * s_sb + rank * s_sh, start, sc, NB_OUT, BLOCK_N, POOL)
         s = tl.where(valid[None, :], qk * qk_scale, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         alpha = tl.exp2(m_i - m_new)
@@ -127,7 +136,7 @@ def _hybrid_kernel(Q, K, V, Lens, Idx, Cnt, Op, Lp, Sc, qk_scale, RET_MASK, NS_F
             vv = vv.to(tl.float32)
         acc = acc * alpha[:, None] + tl.dot(pv, vv, input_precision=PREC)
         m_i = m_new
-    if POOL > 0:
+    if POOL > 0:  # noqa: SIM102 (as above)
         if is_ret == 1:  # this split's tiles past the length (the loop stopped at it): -inf
             done = lo + tl.cdiv(tl.maximum(hi - lo, 0), BLOCK_N) * BLOCK_N
             for start in range(done, tl.minimum(lo + CHUNK, NB_OUT * POOL), BLOCK_N):
@@ -187,7 +196,7 @@ def plan(n_ret: int, n_sparse: int, slots_full: int, slots_sparse: int, batch: i
 
 
 def hybrid_decode_triton(q, k, v, lengths, retrieval, index, counts, scale, *, max_length=None, page=1,
-                         roles=None, config=None, chunk=None, score_block=None):
+                         roles=None, config=None, chunk=None, score_block=None, score_force=None):
     B, Hq, D = q.shape
     Hkv = k.shape[1]
     G = Hq // Hkv
@@ -204,12 +213,16 @@ def hybrid_decode_triton(q, k, v, lengths, retrieval, index, counts, scale, *, m
     if pool:
         assert pool == next_pow2(pool), "the pooling block must be a power of two"
         block = max(block, pool)  # a pooled block never straddles two tiles
+    sink, recent, only = score_force or (0, 0, False)
+    assert score_force is None or pool == 1, "forced slots are token scores (score_block 1)"
     S = int(max_length) if max_length is not None else int(lengths.max())
-    if index is None:
+    if index is None:   # every program is a retrieval one and reads no index: `lengths` stands in (no launch)
         assert n_ret == Hkv, "index may be None only when every head is a retrieval head"
-        index = counts = lengths.new_zeros(B, Hkv, 1)
-        counts = lengths.new_zeros(B, Hkv)
-    slots_sparse = index.shape[-1] * page
+        index = counts = lengths
+        s_ib = s_ih = s_cb = slots_sparse = 0
+    else:
+        s_ib, s_ih, s_cb = index.stride(0), index.stride(1), counts.stride(0)
+        slots_sparse = index.shape[-1] * page
     ch, ns_full, ns_sparse = plan(n_ret, Hkv - n_ret, S, slots_sparse, B, block, num_sms(q), cfg["programs_per_sm"],
                                   chunk)
     nsmax = max(ns_full if n_ret else 1, ns_sparse if n_ret < Hkv else 1)
@@ -222,10 +235,11 @@ def hybrid_decode_triton(q, k, v, lengths, retrieval, index, counts, scale, *, m
     prec = "ieee" if (q.dtype == torch.float32 or upcast) else "tf32"
     kernel_for(_hybrid_kernel, q)[(n_work, B)](
         q, k, v, lengths, index, counts, op, lp, scores, scale * LOG2E, ret_mask, ns_full, ns_sparse, ch, nsmax,
-        nb_out, q.stride(0), q.stride(1), k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1),
-        v.stride(2), index.stride(0), index.stride(1), counts.stride(0), scores.stride(0), scores.stride(1),
-        HKV=Hkv, G=G, G_PAD=max(16, next_pow2(G)), D=D, BLOCK_N=block, PAGE=page, PREC=prec, UPCAST=upcast,
-        POOL=pool, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+        nb_out, int(sink), int(recent), q.stride(0), q.stride(1), k.stride(0), k.stride(1), k.stride(2),
+        v.stride(0), v.stride(1), v.stride(2), s_ib, s_ih, s_cb, scores.stride(0),
+        scores.stride(1), HKV=Hkv, G=G, G_PAD=max(16, next_pow2(G)), D=D, BLOCK_N=block, PAGE=page, PREC=prec,
+        UPCAST=upcast, POOL=pool, FORCE=0 if score_force is None else 2 if only else 1,
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     out = _empty(B, Hq, D, device=q.device, dtype=q.dtype)
     kernel_for(_hybrid_combine_kernel, op)[(B * Hq,)](
         op, lp, out, ret_mask, ns_full, ns_sparse, nsmax, out.stride(0), out.stride(1),

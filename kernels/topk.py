@@ -26,7 +26,9 @@ kernel takes 0.084 ms against 0.12-0.15 ms for torch.topk + sort; at 128K it tak
 0.11-0.17 ms (torch spreads a row over many blocks). Rows longer than RADIX_MAX_CONTEXT therefore go
 to `kernels.attention.topk_positions` (torch.topk + sort: same contract, ties at the k-th value broken
 by torch). The cut is interpolated between the two measured lengths (the kernel's time grows about
-linearly past 16K: ~0.17 ms at 32K, torch's break-even), not measured at 32K itself.
+linearly past 16K: ~0.17 ms at 32K, torch's break-even), not measured at 32K itself. It predates the
+two-stage mode; a caller whose rows are long and whose k is large (LycheeDecode's token sets, k = 4096)
+passes its own cut (`radix_max`), as the two stages change the break-even (methods/parts/lychee_sets.py).
 """
 from __future__ import annotations
 
@@ -187,9 +189,10 @@ WARPS = 8
 
 
 def topk_positions(scores, lengths, topk, *, block: int | None = None, impl: str = "auto", out=None, rows=None,
-                   row_k=None, chunks="auto", warps: int | None = None):
+                   row_k=None, chunks="auto", warps: int | None = None, radix_max: int | None = None):
     """Top-`topk` positions per row (module docstring). Triton on CUDA, the reference elsewhere.
-    impl: auto (radix kernel up to RADIX_MAX_CONTEXT, torch.topk beyond) | radix | torch.
+    impl: auto (radix kernel up to `radix_max` scores a row, default RADIX_MAX_CONTEXT; torch.topk beyond)
+    | radix | torch.
     row_k (int32 [B] on the device, each <= topk): k per sequence, without a host sync (radix kernel
     and reference only: the torch.topk path refuses it).
 
@@ -213,7 +216,8 @@ def topk_positions(scores, lengths, topk, *, block: int | None = None, impl: str
     if backend_for(scores) == "torch" and row_k is not None:
         res = topk_positions_ref(scores, lengths, topk, row_k)
         return res if out is None else _write_rows(res, out, rows)
-    if backend_for(scores) == "torch" or impl == "torch" or (impl == "auto" and S > RADIX_MAX_CONTEXT):
+    too_long = S > (RADIX_MAX_CONTEXT if radix_max is None else radix_max)
+    if backend_for(scores) == "torch" or impl == "torch" or (impl == "auto" and too_long):
         if row_k is not None:
             raise ValueError("row_k needs the radix kernel (impl='radix') or the torch backend")
         ref = topk_positions_ref if backend_for(scores) == "torch" else torch_topk_positions

@@ -229,17 +229,6 @@ class LycheeDecode(HybridHeads):
     def begin(self, step):
         self._join()
         super().begin(step)
-        self._force = None   # the step's forced sinks + recent slots, computed by its first top-k selection
-
-    def _forced(self, scores):
-        """`lychee_sets.forced` for this step's lengths: the same for every layer of the step, so built by
-        its first selecting layer (~8 small launches) and reused by the others (issue 33)."""
-        c = self.cfg
-        f = getattr(self, "_force", None)
-        if f is None or f.shape[-1] != scores.shape[-1] or f.device != scores.device:   # a pipeline stage: its own
-            n = self.lengths if self.lengths.device == scores.device else self.lengths.to(scores.device)
-            f = self._force = lychee_sets.forced(scores, n, c.sink, c.recent)
-        return f
 
     def _join(self):
         """The current stream waits for the last selection launched on the side stream."""
@@ -272,10 +261,13 @@ class LycheeDecode(HybridHeads):
         bs = c.block_size
         heads = self.ret_ids(layer) if n_ret else None
         # an all-retrieval layer reads no set; it passes the step's sets where there are some (after layer 0),
-        # which spares the kernel two placeholder allocations
+        # None at layer 0 (the kernel then needs no index at all)
+        # top-k token sets: the kernel writes the forced sinks + recent slots as +inf (-inf elsewhere when
+        # they fill the budget), so the selection is the top-k alone (no mask and fill a layer, issue 33)
+        force = (c.sink, c.recent, c.budget <= c.sink + c.recent) if c.mode == "topk" and bs == 1 else None
         res = hybrid_decode(q1, keys, values, self.lengths, self.roles[layer], self.index, self.counts, scale,
-                            max_length=cap, page=bs,
-                            roles=self.roles_host[layer], score_heads=heads, score_block=bs)
+                            max_length=cap, page=bs, roles=self.roles_host[layer], score_heads=heads,
+                            score_block=bs, score_force=force)
         out, scores = res if n_ret else (res, None)
         self.record_hybrid(layer, all_ret, bs)
         if layer == self.info.num_layers - 1:
@@ -296,12 +288,17 @@ class LycheeDecode(HybridHeads):
     def select(self, scores, out=None, rows=None):
         c = self.cfg
         scale = REFERENCE_SCALE if c.prob_scale == "reference" else self.info.scaling
+        # timing switches (bench.profile_decode --alt lychee:topk_chunks=1 / topk_radix_max=0 / topk_block=4096):
+        # the top-k's two-stage split, the row length past which token rows go to torch.topk
+        # (lychee_sets.RADIX_MAX) and the radix kernel's scores per loop step (fewer, longer steps on 11K-16K
+        # token chunks; unmeasured)
+        chunks = getattr(self, "topk_chunks", None)   # None: lychee_sets' defaults
         if c.block_size > 1:
-            return lychee_sets.top_blocks(scores, c.budget // c.block_size, out=out, rows=rows,
-                                          chunks=getattr(self, "topk_chunks", "auto"))
-        if c.mode == "topk":
+            return lychee_sets.top_blocks(scores, c.budget // c.block_size, out=out, rows=rows, chunks=chunks)
+        if c.mode == "topk":   # scores boosted by the attention kernel (decode's score_force)
             return lychee_sets.topk(scores, self.lengths, c.budget, c.sink, c.recent, out=out, rows=rows,
-                                    force=self._forced(scores))
+                                    boosted=True, chunks=chunks, radix_max=getattr(self, "topk_radix_max", None),
+                                    block=getattr(self, "topk_block", None))
         if c.mode == "ratio":
             return lychee_sets.ratio(scores, self.lengths, c.ratio, c.sink, c.recent)
         if c.mode == "topp":

@@ -98,6 +98,44 @@ def test_hybrid_decode_fused_scores(roles, pool, dtype, chunk):
     torch.testing.assert_close(scores[fin], want[fin], atol=tol * 10, rtol=tol)
 
 
+@pytest.mark.parametrize("roles", [ROLES[0], ROLES[1]])
+@pytest.mark.parametrize("sink,recent,only", [(4, 9, False), (0, 30, False), (50, 0, False), (3, 6, True),
+                                              (200, 200, False)])
+@pytest.mark.parametrize("chunk", [None, 64])
+def test_hybrid_decode_forced_scores(roles, sink, recent, only, chunk, monkeypatch):
+    """score_force: the kernel's token scores are retrieval_scores_ref's with the first `sink` and last
+    `recent` slots below each length at +inf (only: everything else -inf), i.e. force_scores_ref, and the
+    same boost LycheeDecode applied after the kernel before (lychee_sets.forced + masked_fill); the
+    output is unchanged. Sinks/recent overlapping and covering the whole length included."""
+    from methods.parts import lychee_sets
+
+    q, k, v, lengths, index, counts = case(2, 2, 4, 150, 32, [77, 141], torch.float32, seed=sink + recent,
+                                           n_idx=9)
+    ret = torch.tensor(roles, device=DEV)
+    heads = torch.nonzero(ret).flatten()
+    all_ret = all(roles)
+    args = (q, k, v, lengths, ret, None if all_ret else index, None if all_ret else counts, 0.2)
+    out, scores = H.hybrid_decode(*args, max_length=150, roles=roles, chunk=chunk, score_heads=heads,
+                                  score_force=(sink, recent, only))
+    plain, raw = H.hybrid_decode(*args, max_length=150, roles=roles, chunk=chunk, score_heads=heads)
+    assert rel(out, plain) < 1e-6
+    want = H.force_scores_ref(raw, lengths, sink, recent, only)
+    old = raw.masked_fill(lychee_sets.forced(raw, lengths, sink, recent), float("inf"))
+    if only:
+        old = old.masked_fill(~torch.isposinf(old), float("-inf"))
+    assert torch.equal(want, old)
+    fin = torch.isfinite(want)
+    assert torch.equal(scores[~fin], want[~fin]) and torch.isposinf(scores).sum() > 0
+    torch.testing.assert_close(scores[fin], want[fin], atol=1e-3, rtol=1e-4)
+    # the torch path (the CPU's accuracy runs) applies the same force to its reference scores
+    monkeypatch.setenv("HARNESS_KERNELS", "torch")
+    cpu = [a.cpu() if torch.is_tensor(a) else a for a in args]
+    _, ref_scores = H.hybrid_decode(*cpu, max_length=150, score_heads=heads.cpu(), score_force=(sink, recent, only))
+    n = ref_scores.shape[-1]   # the reference spans the longest length off CUDA
+    assert torch.equal(torch.isfinite(ref_scores), fin[..., :n].cpu())
+    assert torch.equal(torch.isposinf(ref_scores), torch.isposinf(want[..., :n]).cpu())
+
+
 def test_hybrid_plan_balances_work():
     from kernels.hybrid_triton import plan
 
@@ -158,6 +196,13 @@ def test_hybrid_decode_llama3_shape(B, S, n_ret, page):
     for scores in (H.retrieval_scores(q, k, lengths, heads, max_length=S, block=page), fused):
         assert torch.equal(fin, torch.isfinite(scores))
         torch.testing.assert_close(scores[fin], ref[fin], atol=0.5, rtol=2e-2)
+    if page == 1:   # LycheeDecode's forced sinks/recent written by the kernel: the same as boosting its scores
+        _, forced = H.hybrid_decode(q, k, v, lengths, ret, index, counts, D ** -0.5, max_length=S, roles=roles,
+                                    score_heads=heads, score_force=(128, 256, False))
+        want = H.force_scores_ref(fused, lengths, 128, 256)
+        wfin = torch.isfinite(want)
+        assert torch.equal(forced[~wfin], want[~wfin]) and torch.equal(wfin, torch.isfinite(forced))
+        torch.testing.assert_close(forced[wfin], want[wfin], atol=1e-3, rtol=1e-4)
 
 
 @pytest.mark.parametrize("T,L,sink,recent,block", [(40, 40, 3, 5, 8), (23, 61, 0, 7, 5), (30, 50, 4, 40, 16),

@@ -104,6 +104,11 @@ def test_long_rows_go_to_torch_topk(monkeypatch):
     assert calls == [300]  # the long row only, and not with impl="radix"
     with pytest.raises(ValueError):
         T.topk_positions(s, lengths, 40, impl="fast")
+    # a caller's own cut (LycheeDecode's token rows, lychee_sets.RADIX_MAX): the kernel up to it, torch past it
+    got = T.topk_positions(s, lengths, 40, radix_max=300)
+    assert calls == [300] and torch.equal(got[0], ref[0]) and torch.equal(got[1], ref[1])
+    T.topk_positions(s, lengths, 40, radix_max=299)
+    assert calls == [300, 300]
 
 
 @pytest.mark.parametrize("ties", [False, True])

@@ -10,6 +10,7 @@ import torch
 from omegaconf import OmegaConf
 from test_methods_common import Driver, masked_attention, one_thread, rope_for  # noqa: F401
 from tiny_models import tiny
+from triton_env import needs_triton
 
 from common.errors import ConfigError
 from methods import ModelInfo, build
@@ -71,6 +72,24 @@ CASES = [
 
 @pytest.mark.parametrize("cfg", CASES)
 def test_sets_and_reuse_rule_by_brute_force(cfg):
+    check_sets_and_reuse(cfg)
+
+
+@needs_triton
+@pytest.mark.parametrize("cfg", [CASES[0], CASES[1], CASES[6]])
+@pytest.mark.parametrize("radix_max", [None, 8])
+def test_sets_and_reuse_rule_on_the_kernels(cfg, radix_max, monkeypatch):
+    """The same oracle on the Triton path (interpreter): the attention kernel writes the forced slots'
+    +inf (score_force), the radix top-k (or, past radix_max, torch.topk) selects; same sets."""
+    from methods.parts import lychee_sets
+
+    monkeypatch.setenv("HARNESS_KERNELS", "triton")
+    if radix_max is not None:
+        monkeypatch.setattr(lychee_sets, "RADIX_MAX", radix_max)
+    check_sets_and_reuse(cfg)
+
+
+def check_sets_and_reuse(cfg):
     rope = rope_for(tiny("llama"))
     method = build(OmegaConf.create({"name": "lychee", "heads": HEADS, **cfg}), INFO)
     d = Driver(method, INFO, rope, max_len=40)
@@ -170,3 +189,46 @@ def test_random_heads_count_and_layer0():
     hs = method.cfg.head_set(INFO)
     assert all(hs.roles[0]) and sum(map(sum, hs.roles[1:])) == 4
     assert hs.roles == build(OmegaConf.create({"name": "lychee", "heads": "random:3:4"}), INFO).cfg.head_set(INFO).roles
+
+
+@needs_triton
+@pytest.mark.parametrize("S,budget,sink,recent", [(600, 150, 4, 20), (900, 100, 8, 16), (600, 20, 8, 16)])
+def test_token_topk_two_stage_is_the_reference_set(S, budget, sink, recent, monkeypatch):
+    """lychee_sets.topk on the radix kernel with its token_chunks split (two stages where they fit), the scores
+    boosted as the attention kernel leaves them, is the reference's set (torch path, unboosted scores)."""
+    from kernels.hybrid import force_scores_ref
+    from kernels.topk import chunk_plan
+    from methods.parts import lychee_sets
+
+    g = torch.Generator().manual_seed(S + budget)
+    lengths = torch.tensor([S, S - 123], dtype=torch.int32)
+    scores = torch.randn(2, 3, S, generator=g)
+    scores = scores.masked_fill(torch.arange(S) >= lengths.view(2, 1, 1), float("-inf"))
+    k = min(max(budget, sink + recent), S)
+    assert budget <= sink + recent or chunk_plan(S, k, lychee_sets.token_chunks(S, k))[0] > 1
+    want = lychee_sets.topk(scores, lengths, budget, sink, recent)                 # torch path: the reference
+    monkeypatch.setenv("HARNESS_KERNELS", "triton")
+    boosted = force_scores_ref(scores, lengths, sink, recent, budget <= sink + recent)
+    for block in (None, 256):   # the kernel's loop step (LycheeDecode's topk_block switch)
+        got = lychee_sets.topk(boosted, lengths, budget, sink, recent, boosted=True, block=block)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("B,H,S", [(1, 8, 33300), (8, 4, 66000), (1, 2, 98304)])
+def test_token_topk_real_shapes(B, H, S):
+    """LycheeDecode's token rows on the GPU (k = 4096, 128 sinks + 256 recent boosted to +inf, rows up to
+    RADIX_MAX through the two-stage radix kernel): the reference's set, ties (rounded scores) included."""
+    from kernels.hybrid import force_scores_ref
+    from kernels.topk import topk_positions_ref
+    from methods.parts import lychee_sets
+
+    g = torch.Generator(device="cuda").manual_seed(S)
+    s = (torch.randn(B, H, S, device="cuda", generator=g) * 8).round() / 8
+    lengths = torch.randint(S // 2, S + 1, (B,), device="cuda", dtype=torch.int32, generator=g)
+    s = s.masked_fill(torch.arange(S, device="cuda") >= lengths.view(B, 1, 1), float("-inf"))
+    boosted = force_scores_ref(s, lengths, 128, 256)
+    got = lychee_sets.topk(boosted, lengths, 4096, 128, 256, boosted=True)
+    ref = topk_positions_ref(boosted, lengths, 4096)
+    assert torch.equal(got[0], ref[0]) and torch.equal(got[1], ref[1])

@@ -15,6 +15,8 @@ device-only (no host int from the data) and has a fixed output shape.
 """
 from __future__ import annotations
 
+import math
+
 import torch
 
 from kernels.topk import topk_positions
@@ -31,25 +33,54 @@ def forced(scores: torch.Tensor, lengths: torch.Tensor, sink: int, recent: int) 
     return ((pos < sink) | (pos >= n - recent)) & (pos < n)
 
 
-def topk(scores, lengths, budget: int, sink: int, recent: int, out=None, rows=None, force=None):
+# Token rows longer than this go to torch.topk + sort, shorter ones to kernels/topk.py's radix kernel in two
+# stages (C chunks, each chunk's top-k, then the row's top-k of the C x k candidates): the dispatch cut for
+# LycheeDecode's k = 4096 token sets (kernels/topk.py keeps 32K for its other callers). Estimated, not
+# measured (issue 33), from the one-stage kernel's H100 times at k = 4096 (results/bench/
+# lychee_kernels_h100.json: 0.068 ms at 16K, 0.58 ms at 128K: ~4.3 us per 1K scores a program, the rows
+# side by side) against torch.topk + sort (0.12-0.15 ms at 16K, 0.11-0.17 ms at 128K, ~30 kernels a call,
+# each ~2 us more in a CUDA graph). Two stages read S / C + C k scores in sequence (token_chunks):
+# ~23K at 32K (~0.10 ms), ~33K at 64K (~0.14 ms), ~40K at 96K (~0.17 ms), ~47K at 128K (~0.20 ms): ahead of
+# torch up to ~64K-96K, behind it at 128K. The capacity sits a few hundred slots past the context, so
+# the cut is 96K. Timing switches: LycheeDecode's topk_radix_max / topk_chunks (bench.profile_decode --alt).
+RADIX_MAX = 98304
+
+
+def token_chunks(S: int, k: int) -> int:
+    """Chunks of the two-stage top-k for a token row of S scores and k = 4096-like budgets: stage 1 reads
+    S / C scores a program, stage 2 C k candidates, each about linearly in what it reads, so C = sqrt(S / k)
+    balances them (kernels/topk.py's "auto" cuts k = 4096 rows into 16K chunks: 16K + 12K scores at 32K,
+    against 11K + 12K here). kernels/topk.py's chunk_plan falls back to one stage where C k > S / 2."""
+    return max(1, round(math.sqrt(S / max(1, k))))
+
+
+def topk(scores, lengths, budget: int, sink: int, recent: int, out=None, rows=None, boosted: bool = False,
+         radix_max: int | None = None, chunks=None, block: int | None = None):
     """Top-`budget` set per row with sinks and recent tokens forced in and counted. out/rows: write the
-    sets in place (kernels.topk.topk_positions). force: `forced(scores, lengths, sink, recent)` when the
-    caller has it (LycheeDecode computes it once per step, not once per layer)."""
+    sets in place (kernels.topk.topk_positions). boosted: the scores already hold +inf at the forced
+    slots (and -inf elsewhere where budget <= sink + recent): LycheeDecode's attention kernel writes them
+    so (kernels.hybrid_decode's score_force). radix_max: the radix/torch cut (None: RADIX_MAX). chunks: the
+    radix kernel's two-stage split (None: token_chunks; "auto": kernels/topk.py's; an int), block: its
+    scores per loop step (None: its default, 1024 on CUDA): the same set either way."""
     S = scores.shape[-1]
     k = min(max(int(budget), sink + recent), S)
-    force = forced(scores, lengths, sink, recent) if force is None else force
-    boosted = scores.masked_fill(force, float("inf"))   # one launch (a where with a scalar is two)
-    if budget <= sink + recent:
-        # only the forced tokens: rank them first, drop every other slot
-        boosted = boosted.masked_fill(~torch.isposinf(boosted), float("-inf"))
-    return topk_positions(boosted, lengths, k, out=out, rows=rows)
+    chunks = token_chunks(S, k) if chunks is None else chunks
+    if not boosted:
+        force = forced(scores, lengths, sink, recent)
+        scores = scores.masked_fill(force, float("inf"))   # one launch (a where with a scalar is two)
+        if budget <= sink + recent:
+            # only the forced tokens: rank them first, drop every other slot
+            scores = scores.masked_fill(~torch.isposinf(scores), float("-inf"))
+    return topk_positions(scores, lengths, k, out=out, rows=rows, chunks=chunks, block=block,
+                          radix_max=RADIX_MAX if radix_max is None else radix_max)
 
 
-def top_blocks(block_scores, budget_blocks: int, out=None, rows=None, chunks="auto"):
+def top_blocks(block_scores, budget_blocks: int, out=None, rows=None, chunks=None):
     """The block-level path (modeling_llama_block_level.py, get_sparse_block_indices_from_topk): the
     top `budget_blocks` blocks by max-pooled q̄·K, nothing forced. Block scores are -inf past the length.
     chunks: the top-k's two-stage split (kernels/topk.py; the same blocks), a timing switch."""
-    return topk_positions(block_scores, None, budget_blocks, out=out, rows=rows, chunks=chunks)
+    return topk_positions(block_scores, None, budget_blocks, out=out, rows=rows,
+                          chunks="auto" if chunks is None else chunks)
 
 
 def from_mask(mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
