@@ -214,7 +214,7 @@ if HAVE_TRITON:
             if HEAD_REG:
                 hs = tl.sum(tl.where(hh < kk, eh, 0.0), 0)
             else:
-                hs = _sum_exp(row, E, E + kk, scale, shift, BLOCK_H)
+                hs = _sum_exp(row, E, E + kk.to(tl.int32), scale, shift, BLOCK_H)
             mass = z_e + hs
             if HAS_FIT:
                 mass = mass + _tail(a, bb, mid, nh, stop, h_lo, Harm, True)
@@ -246,7 +246,7 @@ def fit_budget(s, e_valid, scale, harm, n_tok, n_head, w, u, target, tail="clip"
     du = (u[0] - u[1]) if u is not None else 0.0
     curve = 0 if du <= 0 else (2 if rising_fit == "fit" else 1)
     cuda = s.is_cuda
-    bh = block_head or max(2, next_pow2(n_head))
+    bh = block_head or max(2, min(next_pow2(n_head), 1024))   # a longer head is re-read per step
     kernel_for(_fit_kernel, s)[(B * H,)](
         s, ev, harm, k, total, shift,
         H, E, n_head, w, n_tok, harm.numel(), bisection_steps(n_tok),
@@ -254,5 +254,5 @@ def fit_budget(s, e_valid, scale, harm, n_tok, n_head, w, u, target, tail="clip"
         s.stride(0), s.stride(1), ev.stride(0),
         BLOCK=block or (256 if cuda else 64), BLOCK_H=bh, HEAD_REG=n_head <= bh,
         HAS_FIT=u is not None, CURVE=curve, CLIP=tail == "clip",
-        num_warps=2 if cuda else 1, enable_fp_fusion=False)   # a*x + b rounded twice, as torch does
+        num_warps=1, enable_fp_fusion=False)   # 1 warp: shuffle-only sums; a*x + b rounded twice, as torch
     return k, total, shift

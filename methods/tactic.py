@@ -26,7 +26,8 @@ Decisions the paper leaves open (methods.md sec. 3.2), all options:
     (Figs. 3-4: exact top-p by true weight over all tokens, no forced set) and oracle_cluster (Fig. 8's "clustering
     optimal": exact top-p along the cluster-sorted list).
 Prefill is dense. The current token is always in E. Keys are cached rotated. On CUDA the set comes from one kernel
-without the sort (kernels/tactic_select.py: the sorted list's first K; fit and the cluster oracle still sort).
+without the sort (kernels/tactic_select.py: the sorted list's first K; fit and the cluster oracle still sort);
+fit's budget from the sampled scores (shift, sums, curve, tail, bisection) is one kernel (kernels/tactic_fit.py).
 """
 from __future__ import annotations
 

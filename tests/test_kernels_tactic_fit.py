@@ -154,7 +154,7 @@ def test_tactic_fit_on_the_kernel_selects_as_the_torch_path(monkeypatch):
 @pytest.mark.parametrize("tail,rising", CURVES)
 def test_kernel_llama8b_shape(monkeypatch, tail, rising):
     """B = 2, Hq = 32, Tactic's defaults at 32K (N = 128, windows of 16, E = 64 slots): K as the
-    CUDA reference's up to ties."""
+    reference's (run on the CPU) up to ties."""
     monkeypatch.setenv("HARNESS_KERNELS", "triton")
     n, nh = 32768, 128
     harm = TF.harmonic(n + 64, "cpu")
