@@ -23,6 +23,7 @@ from __future__ import annotations
 import torch
 
 from ._common import HAVE_TRITON, backend_for, kernel_for, next_pow2, tl, triton
+from .tactic_select import Ranking, list_positions
 
 # --- the reference: the curve fit and the bisection of Algorithm 1 (moved from methods/) -----------
 
@@ -256,3 +257,79 @@ def fit_budget(s, e_valid, scale, harm, n_tok, n_head, w, u, target, tail="clip"
         HAS_FIT=u is not None, CURVE=curve, CLIP=tail == "clip",
         num_warps=1, enable_fp_fusion=False)   # 1 warp: shuffle-only sums; a*x + b rounded twice, as torch
     return k, total, shift
+
+
+# --- the sampled tokens' positions: [E's valid slots (0 elsewhere) | the list at the sampled ranks] ---
+
+def sample_positions_ref(samp: torch.Tensor, r: Ranking, cstart, order, e_pos, e_valid) -> torch.Tensor:
+    """int64 [B, H, Emax + M]: each row's exact-set positions (e_pos where e_valid, else 0), then its
+    sorted list's tokens at the list ranks samp (int64 [M], each below the list's length)."""
+    B, H, _ = r.cum.shape
+    pos_e = torch.where(e_valid, e_pos.view(1, -1), 0).view(B, 1, -1).expand(B, H, -1)
+    return torch.cat([pos_e, list_positions(samp, r, cstart, order)], -1)
+
+
+if HAVE_TRITON:
+
+    @triton.jit
+    def _positions_kernel(Ranked, Sizes, Cum, Cst, Od, Samp, Ep, Ev, Out,
+                          H, G, C, E, MS, CAP, STEPS,
+                          s_tb, s_th, s_ob, s_oh, s_eb,
+                          BLOCK_J: tl.constexpr, BLOCK_E: tl.constexpr):
+        pid = tl.program_id(0)
+        b = (pid // H).to(tl.int64)
+        kv = (pid % H) // G
+        rk = pid.to(tl.int64) * C                      # Ranking's [B, H, C] rows (contiguous)
+        out = Out + pid.to(tl.int64) * (E + MS)
+        ee = tl.arange(0, BLOCK_E)
+        for e0 in range(0, E, BLOCK_E):
+            e = e0 + ee
+            m = e < E
+            p = tl.load(Ep + e, mask=m, other=0)
+            v = tl.load(Ev + b * s_eb + e, mask=m, other=0) != 0
+            tl.store(out + e, tl.where(v, p, 0), mask=m)
+        jj = tl.arange(0, BLOCK_J)
+        for j0 in range(0, MS, BLOCK_J):
+            jm = j0 + jj < MS
+            x = tl.load(Samp + j0 + jj, mask=jm, other=0)
+            # searchsorted(cum, x, right=True): the first ranked cluster whose inclusive cum passes x
+            lo = tl.zeros((BLOCK_J,), tl.int64)
+            hi = tl.zeros((BLOCK_J,), tl.int64) + C
+            for _ in range(STEPS):
+                act = lo < hi
+                mid = (lo + hi) // 2
+                v = tl.load(Cum + rk + mid, mask=act & jm, other=0)
+                right = act & (v <= x)
+                lo = tl.where(right, mid + 1, lo)
+                hi = tl.where(act & ~right, mid, hi)
+            c = tl.minimum(lo, C - 1)
+            first = tl.load(Cum + rk + c, mask=jm, other=0) - tl.load(Sizes + rk + c, mask=jm, other=0)
+            cid = tl.load(Ranked + rk + c, mask=jm, other=0)
+            st = tl.load(Cst + b * s_tb + kv * s_th + cid, mask=jm, other=0).to(tl.int64)
+            slot = tl.minimum(tl.maximum(st + x - first, 0), CAP - 1)
+            pos = tl.load(Od + b * s_ob + kv * s_oh + slot, mask=jm, other=0)
+            tl.store(out + E + j0 + jj, pos.to(tl.int64), mask=jm)
+
+
+def sample_positions(samp, r: Ranking, cstart, order, e_pos, e_valid, *, block_j: int | None = None,
+                     block_e: int | None = None) -> torch.Tensor:
+    """`sample_positions_ref`'s result in one launch on CUDA (the reference elsewhere): what the
+    reference does in ~15 torch ops per layer (searchsorted, clamps, 5 gathers, casts, the cat)."""
+    if backend_for(samp) == "torch":
+        return sample_positions_ref(samp, r, cstart, order, e_pos, e_valid)
+    B, H, C = r.cum.shape
+    G = H // cstart.shape[1]
+    E, MS = e_pos.numel(), samp.numel()
+    assert cstart.stride(-1) == order.stride(-1) == 1 and cstart.dtype == order.dtype == torch.int32
+    assert r.cum.is_contiguous() and r.sizes.is_contiguous() and r.ranked.is_contiguous()
+    assert samp.dtype == e_pos.dtype == torch.long and samp.is_contiguous() and e_pos.is_contiguous()
+    ev = e_valid.contiguous().view(torch.uint8) if e_valid.dtype == torch.bool else e_valid.contiguous()
+    out = torch.empty(B, H, E + MS, device=samp.device, dtype=torch.long)
+    cuda = samp.is_cuda
+    kernel_for(_positions_kernel, samp)[(B * H,)](
+        r.ranked, r.sizes, r.cum, cstart, order, samp, e_pos, ev, out,
+        H, G, C, E, MS, order.shape[-1], max(1, C.bit_length() + 1),
+        cstart.stride(0), cstart.stride(1), order.stride(0), order.stride(1), ev.stride(0),
+        BLOCK_J=block_j or min(next_pow2(MS), 256 if cuda else 64),
+        BLOCK_E=block_e or min(next_pow2(E), 256 if cuda else 64), num_warps=4 if cuda else 1)
+    return out

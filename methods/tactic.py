@@ -39,7 +39,7 @@ import torch
 
 import kernels
 from common.errors import ConfigError
-from kernels.tactic_fit import fit_budget
+from kernels.tactic_fit import fit_budget, sample_positions
 from kernels.tactic_select import list_positions, rank, select_cluster_tokens
 from methods.base import Method, register
 from methods.config import ChunkedPrefill, layer_range, option
@@ -237,9 +237,6 @@ class Tactic(Method):
         self._exact_set()
         self.e_valid = self.e_pos.view(1, -1) < self.lengths.view(-1, 1)                # [B, Emax]
         self.n_e = self.e_valid.sum(-1)                                                # [B]
-        if self.samp is not None:   # fit: E's positions as the head of every row's gather (the same in every layer)
-            self.pos_e = torch.where(self.e_valid, self.e_pos.view(1, -1), 0).view(self.batch, 1, -1).expand(
-                self.batch, self.rows, -1)
         if c.mode == "topk":   # the list length of each row, the same in every layer of the step
             self.k_topk = (c.budget - self.n_e).clamp(0, self.n_tok).view(self.batch, 1).expand(self.batch, self.rows)
 
@@ -266,9 +263,8 @@ class Tactic(Method):
             self.u = [sum(1.0 / (r + 1) for r in range(s, s + w)) / w for s in starts]
             self.w = w
             ranks += [torch.arange(s, s + w, device=dev) for s in starts]
-        # [B, rows, M] in memory: list_positions' expand + contiguous (a copy) once per step, not per layer
-        self.samp = torch.cat(ranks).view(1, 1, -1).expand(self.batch, self.rows, -1).contiguous()
-        self.m_len = torch.full((self.batch,), self.e_max + self.samp.shape[-1], dtype=torch.int32, device=dev)
+        self.samp = torch.cat(ranks)
+        self.m_len = torch.full((self.batch,), self.e_max + self.samp.numel(), dtype=torch.int32, device=dev)
 
     def attend(self, layer, q, k, v, rope):
         step, c, scale = self.step, self.cfg, self.info.scaling
@@ -349,10 +345,12 @@ class Tactic(Method):
 
     def _fit(self, layer, q1, r):
         """Algorithm 1 per query head: (K [B, Hq] list tokens, (estimated total, shift) for diagnostics).
-        The sampled tokens' scores by one attention pass, the rest by one kernel (kernels/tactic_fit.py)."""
+        The sampled tokens' positions by one kernel, their scores by one attention pass, the budget by one
+        kernel (kernels/tactic_fit.py)."""
         c = self.cfg
-        pos_s = list_positions(self.samp, r, self.index.cstart[layer], self.index.order[layer])
-        kg = rows_gather_vec(self.store.k[layer], torch.cat([self.pos_e, pos_s], -1))
+        idx = sample_positions(self.samp, r, self.index.cstart[layer], self.index.order[layer], self.e_pos,
+                               self.e_valid)   # [E's positions | the list at the sampled ranks], one launch
+        kg = rows_gather_vec(self.store.k[layer], idx)
         _, s = kernels.selection_attention(q1, kg, kg, self.m_len, self.info.scaling, max_length=kg.shape[2])
         k, total, shift = fit_budget(s, self.e_valid, self.info.scaling, self.harm, self.n_tok, self.n_head,
                                      self.w, self.u, c.target, c.tail, c.rising_fit)

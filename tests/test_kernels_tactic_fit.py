@@ -1,5 +1,5 @@
-"""Tactic's fit kernel (kernels/tactic_fit.py: Algorithm 1's budget from the exactly scored tokens, one
-program per query head) against its reference (Tactic's former torch path): the same K per row, the
+"""Tactic's fit kernels (kernels/tactic_fit.py: the sampled tokens' positions, and Algorithm 1's budget
+from their scores, one program per query head) against their references. The budget kernel against its reference (Tactic's former torch path): the same K per row, the
 same shift, the same estimated total within fp32 rounding, on random rows with planted cases: an exact
 set heavy enough for K = 0, targets never reached (K = n), a curve crossing zero (b < 0: the clipped
 and the literal tail differ), a rising fit (flat, or as fitted with the literal tail), coinciding
@@ -116,6 +116,31 @@ def test_kernel_without_windows_and_edge_geometry(monkeypatch, kind):
     for tail, rising in CURVES[:2]:
         for target in (0.3, 0.9, 1.0):
             check(s, e_valid, harm, n, nh, w, u, target, tail, rising)
+
+
+@needs_triton
+@pytest.mark.parametrize("G", [2, 1])    # rows per query head (H = 2 Hkv) or per KV head
+@pytest.mark.parametrize("blocks", [{}, {"block_j": 8, "block_e": 4}])
+def test_sample_positions_match_the_reference(monkeypatch, G, blocks):
+    """The sampled tokens' positions (one launch) as the reference's cat of E's masked positions and
+    list_positions: the same int64 [B, H, Emax + M], on rankings with ties, empty clusters (size 0,
+    ranked last) and one large cluster; ranks 0, n - 1 and in between; strided cstart."""
+    from test_kernels_tactic_select import index_for, scores_for, sizes_mixed
+
+    from kernels import tactic_select as TS
+
+    monkeypatch.setenv("HARNESS_KERNELS", "triton")
+    B, Hkv, C = 2, 2, 40
+    csize, cstart, order, e_pos, e_valid, n = index_for(B, Hkv, C, C + 3, sizes_mixed(C), seed=G)
+    scores = scores_for(B, Hkv * G, C, csize[..., :C].repeat_interleave(G, 1), G + 7, ties=True)
+    r = TS.rank(scores, csize[..., :C])
+    g = torch.Generator().manual_seed(G)
+    samp = torch.cat([torch.arange(3), torch.randint(0, n, (20,), generator=g), torch.tensor([n - 1])])
+    args = [samp.to(DEV), TS.Ranking(*(x.to(DEV) for x in r)), cstart.to(DEV), order.to(DEV), e_pos.to(DEV),
+            e_valid.to(DEV)]
+    got = TF.sample_positions(*args, **blocks).cpu()
+    want = TF.sample_positions_ref(samp, r, cstart, order, e_pos, e_valid)
+    assert got.dtype == torch.long and torch.equal(got, want)
 
 
 @needs_triton
