@@ -17,6 +17,10 @@ one program per row doing the same arithmetic in the same order: the same intege
 same fp32 formulas (IEEE divisions, no fused multiply-adds). Only the sums differ in their order
 (a tree in the kernel, torch's own order in the reference), so a mass within a few ulp of the target
 may fall on the other side: K then differs at such a tie only (tests/test_kernels_tactic_fit.py).
+
+`sample_positions` (a second launch, before the scores) writes those tokens' gather index: E's valid
+positions then the sorted list's tokens at the sampled ranks, exactly as its reference (where + cat +
+kernels/tactic_select.py's `list_positions`, ~15 torch ops) does.
 """
 from __future__ import annotations
 
