@@ -26,7 +26,8 @@ Decisions the paper leaves open (methods.md sec. 3.2), all options:
     (Figs. 3-4: exact top-p by true weight over all tokens, no forced set) and oracle_cluster (Fig. 8's "clustering
     optimal": exact top-p along the cluster-sorted list).
 Prefill is dense. The current token is always in E. Keys are cached rotated. On CUDA the set comes from one kernel
-without the sort (kernels/tactic_select.py: the sorted list's first K; fit and the cluster oracle still sort).
+without the sort (kernels/tactic_select.py: the sorted list's first K; fit and the cluster oracle still sort);
+fit's budget from the sampled scores (shift, sums, curve, tail, bisection) is one kernel (kernels/tactic_fit.py).
 """
 from __future__ import annotations
 
@@ -38,6 +39,7 @@ import torch
 
 import kernels
 from common.errors import ConfigError
+from kernels.tactic_fit import fit_budget, sample_positions
 from kernels.tactic_select import list_positions, rank, select_cluster_tokens
 from methods.base import Method, register
 from methods.config import ChunkedPrefill, layer_range, option
@@ -46,14 +48,7 @@ from methods.parts.cluster_keys import METRICS
 from methods.parts.stores import FullStore
 from methods.parts.stores_clusters import ClusterIndex
 from methods.parts.tactic_probe import Probe, diagnose, global_optimal, reach, report
-from methods.parts.tactic_rules import (
-    fit_curve,
-    harmonic,
-    min_count,
-    per_row,
-    rows_gather_vec,
-    tail_mass,
-)
+from methods.parts.tactic_rules import harmonic, per_row, rows_gather_vec
 
 MODES = ("fit", "topk", "oracle_global", "oracle_cluster")
 SELECT = ("query_head", "kv_head")
@@ -257,6 +252,7 @@ class Tactic(Method):
         else:   # no sinks (the default): one launch
             self.e_pos = torch.arange(self.ce, self.cap, device=dev)
         self.samp = self.m_len = self.u = None
+        self.w = 0
         if c.mode != "fit":   # fit: Algorithm 1's exactly scored list ranks, the head then two windows (host ints)
             return
         self.n_head = min(c.exact_head, self.n_tok)
@@ -348,33 +344,17 @@ class Tactic(Method):
         return s, csize
 
     def _fit(self, layer, q1, r):
-        """Algorithm 1 per query head: (K [B, Hq] list tokens, (estimated total, shift) for diagnostics)."""
-        c, scale = self.cfg, self.info.scaling
-        B, H = q1.shape[0], self.rows
-        keys = self.store.k[layer]
-        pos_s = list_positions(self.samp, r, self.index.cstart[layer], self.index.order[layer])
-        pos_e = torch.where(self.e_valid, self.e_pos.view(1, -1), 0).view(B, 1, -1).expand(B, H, -1)
-        kg = rows_gather_vec(keys, torch.cat([pos_e, pos_s], -1))
-        _, s = kernels.selection_attention(q1, kg, kg, self.m_len, scale, max_length=kg.shape[2])
-        E = self.e_max
-        z = s * scale
-        z[..., :E] = z[..., :E].masked_fill(~self.e_valid.view(B, 1, E), float("-inf"))
-        shift = z.amax(-1, keepdim=True)                     # the current token is in E: finite
-        e = torch.exp(z - shift)
-        z_e = e[..., :E].sum(-1)
-        nh = self.n_head
-        head_cum = torch.cat([torch.zeros_like(z_e).unsqueeze(-1), e[..., E:E + nh].cumsum(-1)], -1)
-        if self.u is not None:
-            w = self.w
-            a, b = fit_curve(self.u[0], e[..., E + nh:E + nh + w].mean(-1), self.u[1], e[..., E + nh + w:].mean(-1),
-                             rising=c.rising_fit)
-
-        def mass_at(k, rising=True):
-            h = head_cum.gather(-1, k.clamp(max=nh).unsqueeze(-1)).squeeze(-1)
-            return z_e + h + (tail_mass(a, b, nh, k, self.harm, c.tail, rising) if self.u is not None else 0.0)
-
-        total = mass_at(torch.full_like(z_e, self.n_tok, dtype=torch.long), rising=False)
-        return min_count(mass_at, c.target * total, self.n_tok), (total, shift.squeeze(-1))
+        """Algorithm 1 per query head: (K [B, Hq] list tokens, (estimated total, shift) for diagnostics).
+        The sampled tokens' positions by one kernel, their scores by one attention pass, the budget by one
+        kernel (kernels/tactic_fit.py)."""
+        c = self.cfg
+        idx = sample_positions(self.samp, r, self.index.cstart[layer], self.index.order[layer], self.e_pos,
+                               self.e_valid)   # [E's positions | the list at the sampled ranks], one launch
+        kg = rows_gather_vec(self.store.k[layer], idx)
+        _, s = kernels.selection_attention(q1, kg, kg, self.m_len, self.info.scaling, max_length=kg.shape[2])
+        k, total, shift = fit_budget(s, self.e_valid, self.info.scaling, self.harm, self.n_tok, self.n_head,
+                                     self.w, self.u, c.target, c.tail, c.rising_fit)
+        return k, (total, shift)
 
     def _exact(self, layer, q1):
         """Exact attention probabilities over the whole cache [B, Hq, S] and log-sum-exp of scaled scores."""
