@@ -20,7 +20,7 @@ ENGINE_CODE = ("bench/engine.py", "runners/engine.py", "runners/graphs.py", "run
                "runners/models.py", "methods/full.py", "methods/base.py", "methods/config.py", "methods/parts/stores.py",
                "methods/parts/rope.py", "kernels/_common.py", "kernels/attention.py", "kernels/prefill.py", "kernels/fused.py")
 TACTIC_CODE = ENGINE_CODE + ("bench/tactic.py", "methods/tactic.py", "methods/parts/tactic_rules.py",
-                             "kernels/tactic_select.py", "methods/parts/cluster_keys.py", "kernels/kmeans.py", "methods/quest.py",
+                             "kernels/tactic_select.py", "kernels/tactic_fit.py", "methods/parts/cluster_keys.py", "kernels/kmeans.py", "methods/quest.py",
                              "methods/tidal.py")
 MULTIGPU_CODE = ENGINE_CODE + ("bench/multigpu.py", "runners/pipeline.py", "runners/pipeline_graphs.py",
                                "runners/placement.py", "runners/plan.py", "methods/tidal.py", "methods/quest.py")

@@ -2,7 +2,8 @@
 
     python -m bench.tactic_heads OUT.json [run.py overrides ...]   (method=tactic method.diagnostics=true)
 
-Runs run.py with two read-only taps: the fitted curve of Algorithm 1 (methods.tactic.fit_curve) and
+Runs run.py with two read-only taps: the fitted curve of Algorithm 1 (kernels.tactic_fit.fit_curve, which
+only the torch reference of the fit calls: the tap sets HARNESS_KERNELS=torch, as on the CPU) and
 the diagnostics probe (methods.parts.tactic_probe.Probe.record, which has the exact probabilities along each
 head's cluster-sorted list). For every layer and query head of the first sample's first decoding step
 it writes: the mass the head obtained, Tactic's estimated / exact softmax denominator (z_ratio), the
@@ -13,17 +14,18 @@ head's heaviest token. Only batch 1 is read (the taps keep row 0).
 from __future__ import annotations
 
 import json
+import os
 import runpy
 import sys
 
 import methods.parts.tactic_probe as probe
-from methods import tactic
+from kernels import tactic_fit
 
-_fit, _record, _last, rows, seen = tactic.fit_curve, probe.Probe.record, {}, [], set()
+_fit, _record, _last, rows, seen = tactic_fit.fit_curve, probe.Probe.record, {}, [], set()
 
 
-def fit_curve(u1, mu1, u2, mu2):
-    a, b = _fit(u1, mu1, u2, mu2)
+def fit_curve(u1, mu1, u2, mu2, rising="flat"):
+    a, b = _fit(u1, mu1, u2, mu2, rising=rising)
     _last["curve"] = (a[0].float().cpu(), b[0].float().cpu(), mu1[0].float().cpu(), mu2[0].float().cpu())
     return a, b
 
@@ -47,7 +49,8 @@ def record(self, layer, probs, lengths, attended, mass, list_probs, e_mass, n_e,
 
 
 def main(out: str, overrides: list[str]) -> None:
-    tactic.fit_curve, probe.Probe.record = fit_curve, record
+    os.environ["HARNESS_KERNELS"] = "torch"   # the fit kernel computes the curve inside: no tap there
+    tactic_fit.fit_curve, probe.Probe.record = fit_curve, record
     sys.argv = ["run.py", *overrides]
     try:
         runpy.run_path("run.py", run_name="__main__")
