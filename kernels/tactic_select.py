@@ -13,7 +13,7 @@ then the list unpacked by searchsorted + gathers (`list_positions`). It writes t
 order. The kernel writes the same SET in another order (clusters by id; attention is
 order-invariant): exactness argument below.
 
-Kernel, one program per row (the H100 profile at 128K: the sort, ~6 gathers, a cumsum scan and a
+Kernel, one program per row and SELECT_SPAN list slots (the H100 profile at 128K: the sort, ~6 gathers, a cumsum scan and a
 searchsorted cost ~150 us per layer against ~210 us for full attention; this reads the row's C
 scores ~34 times from L1 and writes K + |E| indices):
   1. keys: each fp32 score mapped to a signed int32 that orders like the float (-0.0 folded onto
@@ -96,6 +96,11 @@ def select_cluster_tokens_ref(scores, csize, cstart, order, k_row, e_pos, e_vali
 
 SEARCH_NT = 4        # thresholds per search step (issue 33: 16 steps instead of the bisection's 32)
 SELECT_WARPS = 8
+# list slots per program: a row's list is written by cdiv(kmax, SELECT_SPAN) programs side by side, each
+# repeating the search (C scores in registers) and writing its own slots. One program per row wrote
+# fit mode's ~118K-slot lists at 128K in ~230 us a layer on 32 of the H200's 132 SMs (issue 33).
+SELECT_SPAN = 2048
+SELECT_PARTS_MAX = 64
 
 if HAVE_TRITON:
 
@@ -112,11 +117,12 @@ if HAVE_TRITON:
 
     @triton.jit
     def _select_kernel(Sc, Sz, St, Od, Kr, Ep, Ev, Idx, Cnt,
-                       C, H, G, EMAX, W, KMAX,
+                       C, H, G, EMAX, W, KMAX, SPAN,
                        s_sb, s_sh, s_zb, s_zh, s_tb, s_th, s_ob, s_oh, s_kb, s_kh, s_eb,
                        BLOCK_C: tl.constexpr, BLOCK_J: tl.constexpr, ONE: tl.constexpr,
                        NT: tl.constexpr = 4, STEPS: tl.constexpr = 16):
         pid = tl.program_id(0)
+        part = tl.program_id(1)   # this program writes list slots [part * SPAN, (part + 1) * SPAN) of the row
         b = (pid // H).to(tl.int64)
         h = pid % H
         kv = h // G
@@ -169,12 +175,17 @@ if HAVE_TRITON:
         T = lo
         need = K - n_gt
 
-        # 4. segment marks: -1 over [0, K), then each taking cluster's id at its output offset
-        for j0 in range(0, K, BLOCK_J):
-            tl.store(out + j0 + jj, tl.full((BLOCK_J,), -1, tl.int32), mask=j0 + jj < K)
+        # 4. segment marks over this program's slots [j_lo, j_hi) of [0, K): -1, then each taking cluster's id
+        # at its output offset where that falls inside; the segment already open at j_lo (the taking cluster
+        # of largest offset below it) comes in as the scan's carry
+        j_lo = part.to(tl.int64) * SPAN
+        j_hi = tl.minimum(j_lo + SPAN, K)
+        for j0 in range(j_lo, j_hi, BLOCK_J):
+            tl.store(out + j0 + jj, tl.full((BLOCK_J,), -1, tl.int32), mask=j0 + jj < j_hi)
         tl.debug_barrier()   # the -1s land before the marks (other threads write both)
         tied = tl.zeros((), tl.int64)
         wr = tl.zeros((), tl.int64)
+        carry = tl.full((), -1, tl.int64)
         for c0 in range(0, C, BLOCK_C):
             m = c0 + cc < C
             key = _okey(tl.load(sc + c0 + cc, mask=m, other=0.0))
@@ -184,15 +195,16 @@ if HAVE_TRITON:
             before = tied + tl.cumsum(tsz, 0) - tsz
             take = tl.where(m & (key > T), size, tl.where(tie, tl.minimum(tl.maximum(need - before, 0), size), 0))
             off = wr + tl.cumsum(take, 0) - take
-            tl.store(out + off, (c0 + cc).to(tl.int32), mask=take > 0)
+            tl.store(out + off, (c0 + cc).to(tl.int32), mask=(take > 0) & (off >= j_lo) & (off < j_hi))
+            before_lo = (take > 0) & (off < j_lo)
+            carry = tl.maximum(carry, tl.max(tl.where(before_lo, (off << 32) | (c0 + cc).to(tl.int64), -1), 0))
             tied += tl.sum(tsz, 0)
             wr += tl.sum(take, 0)
         tl.debug_barrier()
-        # each slot of [0, K): the latest mark at or before it = (segment start, cluster id)
-        carry = tl.full((), -1, tl.int64)
-        for j0 in range(0, K, BLOCK_J):
+        # each slot: the latest mark at or before it = (segment start, cluster id)
+        for j0 in range(j_lo, j_hi, BLOCK_J):
             j = j0 + jj
-            jm = j < K
+            jm = j < j_hi
             mk = tl.load(out + j, mask=jm, other=-1)
             packed = tl.where(mk >= 0, (j.to(tl.int64) << 32) | mk.to(tl.int64), -1)
             run = tl.maximum(tl.associative_scan(packed, 0, _max), carry)
@@ -204,19 +216,20 @@ if HAVE_TRITON:
             tl.debug_barrier()   # every mark of this tile read before any slot is overwritten
             tl.store(out + j, pos, mask=jm)
 
-        # 5. the exact set's valid slots after the list, then position 0 up to the width
-        ne = tl.zeros((), tl.int64)
-        for e0 in range(0, EMAX, BLOCK_J):
-            e = e0 + jj
-            v = (tl.load(Ev + b * s_eb + e, mask=e < EMAX, other=0) != 0).to(tl.int64)
-            p = tl.load(Ep + e, mask=e < EMAX, other=0)
-            tl.store(out + K + ne + tl.cumsum(v, 0) - v, p.to(tl.int32), mask=v > 0)
-            ne += tl.sum(v, 0)
-        n = K + ne
-        for j0 in range((n // BLOCK_J) * BLOCK_J, W, BLOCK_J):
-            j = j0 + jj
-            tl.store(out + j, tl.zeros((BLOCK_J,), tl.int32), mask=(j >= n) & (j < W))
-        tl.store(Cnt + pid, n.to(tl.int32))
+        # 5. the exact set's valid slots after the list, then position 0 up to the width: the row's first program
+        if part == 0:
+            ne = tl.zeros((), tl.int64)
+            for e0 in range(0, EMAX, BLOCK_J):
+                e = e0 + jj
+                v = (tl.load(Ev + b * s_eb + e, mask=e < EMAX, other=0) != 0).to(tl.int64)
+                p = tl.load(Ep + e, mask=e < EMAX, other=0)
+                tl.store(out + K + ne + tl.cumsum(v, 0) - v, p.to(tl.int32), mask=v > 0)
+                ne += tl.sum(v, 0)
+            n = K + ne
+            for j0 in range((n // BLOCK_J) * BLOCK_J, W, BLOCK_J):
+                j = j0 + jj
+                tl.store(out + j, tl.zeros((BLOCK_J,), tl.int32), mask=(j >= n) & (j < W))
+            tl.store(Cnt + pid, n.to(tl.int32))
 
 
 def search_steps(nt: int) -> int:
@@ -229,12 +242,13 @@ def search_steps(nt: int) -> int:
 
 def select_cluster_tokens(scores, csize, cstart, order, k_row, e_pos, e_valid, kmax, *, ranking=None,
                           block_c: int | None = None, block_j: int | None = None, nt: int | None = None,
-                          warps: int | None = None):
+                          warps: int | None = None, span: int | None = None):
     """(index int32 [B, H, kmax + Emax], counts int32 [B, H]): the module's contract. Triton on CUDA,
     the reference elsewhere (`ranking` is used by the reference only). csize, cstart and order may
     have any strides but a unit last one; block_c / block_j override the tile sizes (tests: several tiles).
     nt: thresholds per step of the search for the K-th cluster key (SEARCH_NT; 2 = the bisection it
-    replaced), warps: per program (SELECT_WARPS): timing switches, the same set whatever they are."""
+    replaced), warps: per program (SELECT_WARPS), span: list slots per program (SELECT_SPAN, rounded up to
+    whole tiles; at most SELECT_PARTS_MAX programs a row): timing switches, the same set whatever they are."""
     if backend_for(scores) == "torch":
         return select_cluster_tokens_ref(scores, csize, cstart, order, k_row, e_pos, e_valid, kmax, ranking)
     B, H, C = scores.shape
@@ -255,9 +269,12 @@ def select_cluster_tokens(scores, csize, cstart, order, k_row, e_pos, e_valid, k
     cuda = scores.is_cuda
     bc = block_c or min(next_pow2(C), 4096 if cuda else 64)
     bj = block_j or (1024 if cuda else 32)
-    kernel_for(_select_kernel, scores)[(B * H,)](
+    span = max(span or SELECT_SPAN, -(-kmax // SELECT_PARTS_MAX), 1)
+    span = -(-span // bj) * bj                       # whole tiles per program
+    parts = max(1, -(-kmax // span))
+    kernel_for(_select_kernel, scores)[(B * H, parts)](
         sc, csize, cstart, order, kr, ep, ev, idx, cnt,
-        C, H, G, emax, W, kmax,
+        C, H, G, emax, W, kmax, span,
         sc.stride(0), sc.stride(1), csize.stride(0), csize.stride(1), cstart.stride(0), cstart.stride(1),
         order.stride(0), order.stride(1),
         kr.stride(0), kr.stride(1), ev.stride(0),

@@ -321,7 +321,8 @@ class Tactic(Method):
         kmax = min(self.n_tok, c.budget) if c.mode == "topk" else self.n_tok
         index, counts = select_cluster_tokens(s, csize, self.index.cstart[layer], self.index.order[layer],
                                               k_row, self.e_pos, self.e_valid, kmax, ranking=r,
-                                              nt=getattr(self, "select_nt", None))   # a timing switch
+                                              nt=getattr(self, "select_nt", None),   # timing switches
+                                              span=getattr(self, "select_span", None))
         self.selected[layer] = (index, counts)
         if self.probe is not None:
             diagnose(self, layer, q1, r, index, counts, est)

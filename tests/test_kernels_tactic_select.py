@@ -107,6 +107,18 @@ def test_kernel_matches_reference(monkeypatch, G, ties, blocks, nt):
 
 
 @needs_triton
+@pytest.mark.parametrize("G", [3, 1])
+@pytest.mark.parametrize("span", [8, 24])   # list slots per program: several programs write one row's list
+def test_kernel_rows_split_over_programs_match_reference(monkeypatch, G, span):
+    monkeypatch.setenv("HARNESS_KERNELS", "triton")
+    B, Hkv, C = 2, 2, 50
+    scores, csize, cstart, order, k_row, e_pos, e_valid, n = case(B, Hkv, G, C, seed=G * 7 + 1, ties=True, ks=ks_mixed)
+    args = [t.to(DEV) for t in (scores, csize, cstart, order, k_row, e_pos, e_valid)]
+    got = TS.select_cluster_tokens(*args, n, block_c=16, block_j=8, span=span)
+    check(got, TS.select_cluster_tokens_ref(*args, n), order.shape[-1])
+
+
+@needs_triton
 def test_kernel_small_kmax_and_expanded_k_row(monkeypatch):
     """topk's shape: kmax = budget below the list's length, one K per batch broadcast over rows."""
     monkeypatch.setenv("HARNESS_KERNELS", "triton")
