@@ -193,20 +193,13 @@ def test_kernel_llama8b_shape(monkeypatch, tail, rising):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_sample_positions_llama8b_shape_128k(monkeypatch):
     """B = 1, Hq = 32 on Hkv = 8, 4096 clusters of ~32 tokens (some empty), Tactic's 160 sampled ranks."""
-    from test_kernels_tactic_select import index_for, scores_for
+    from test_kernels_tactic_select import llama8b_index, scores_for
 
     from kernels import tactic_select as TS
 
     monkeypatch.setenv("HARNESS_KERNELS", "triton")
     C, Hkv, G = 4096, 8, 4
-
-    def sizes(g):
-        s = torch.distributions.Geometric(probs=torch.tensor(1 / 32)).sample((C,)).long() + 1
-        s[::97] = 0
-        return s
-
-    torch.manual_seed(0)
-    csize, cstart, order, e_pos, e_valid, n = index_for(1, Hkv, C, C + 16, sizes, seed=0, sink=4, window=64)
+    csize, cstart, order, e_pos, e_valid, n = llama8b_index(C, Hkv)
     scores = scores_for(1, Hkv * G, C, csize[..., :C].repeat_interleave(G, 1), 1, ties=False)
     r = TS.rank(scores, csize[..., :C])
     samp = torch.cat([torch.arange(128), torch.arange(n // 50, n // 50 + 16), torch.arange(n // 2, n // 2 + 16)])

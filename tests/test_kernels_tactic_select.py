@@ -157,6 +157,18 @@ def test_reference_is_the_stable_sort_definition():
 
 
 @pytest.mark.gpu
+def llama8b_index(C: int, Hkv: int):
+    """index_for at Llama-3-8B's 128K shape: C clusters of ~32 tokens (a geometric spread like k-means',
+    every 97th empty), batch 1, 4 sinks and a 64-token window."""
+    def sizes(g):
+        s = torch.distributions.Geometric(probs=torch.tensor(1 / 32)).sample((C,)).long() + 1
+        s[::97] = 0
+        return s
+
+    torch.manual_seed(0)
+    return index_for(1, Hkv, C, C + 16, sizes, seed=0, sink=4, window=64)
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("rows", ["query", "kv"])
 def test_kernel_llama8b_shape_128k(monkeypatch, rows):
@@ -165,14 +177,7 @@ def test_kernel_llama8b_shape_128k(monkeypatch, rows):
     monkeypatch.setenv("HARNESS_KERNELS", "triton")
     C, Hkv = 4096, 8
     G = 4 if rows == "query" else 1
-
-    def sizes(g):
-        s = torch.distributions.Geometric(probs=torch.tensor(1 / 32)).sample((C,)).long() + 1
-        s[::97] = 0
-        return s
-
-    torch.manual_seed(0)
-    csize, cstart, order, e_pos, e_valid, n = index_for(1, Hkv, C, C + 16, sizes, seed=0, sink=4, window=64)
+    csize, cstart, order, e_pos, e_valid, n = llama8b_index(C, Hkv)
     H = Hkv * G
     for ties in (False, True):
         scores = scores_for(1, H, C, csize[..., :C].repeat_interleave(G, 1), 1, ties)
