@@ -138,11 +138,25 @@ class LtriConfig(MemoryConfig):
                 f"(blocks) and {Q} (queries) greedy NMS steps, one stable sort of the blocks' votes: <= 25 x {cells} "
                 f"x B element operations, {share:.3%} of the chunk's attention FLOPs (4 T x {window} x Hq D) at Hq D "
                 f"= 4096. CUDA maps: on the device (methods/parts/ltri_device.py, one CUDA graph replay per call: the "
-                f"prefix sums as sequential scans of {T} and {bs} steps, the NMS one program per map), one device-to-"
-                f"host copy per call (query slots; the blocks' sizes and span counts), the picks staying there; the "
-                f"host's bits (0 of 2,816 maps differed on an H100, notes/perf_bench.md; ~1.4 ms a chunk-layer). CPU: "
+                f"prefix sums as sequential scans of {T} and {bs} steps, the NMS one program per map), the picks and "
+                f"the retrieval staying there; the host's bits (0 of 2,816 maps differed on an H100, notes/perf_bench.md;"
+                f" ~1.4 ms a chunk-layer). Host work per chunk and indexing layer: {self.prefill_host_bound()}. CPU: "
                 f"on the host (ltri_batch's numpy for the blocks, ltri_spans per query map). A prompt of n: "
                 f"O(n (T + {bs}) B) span work per layer")
+
+    def prefill_host_bound(self, batch: int = 1) -> str:
+        """What the host does per prefill chunk and indexing layer beyond InfLLM's device path (CUDA maps), as
+        bench/ltri_host_work counts it on the CPU (notes/ltri_prefill_host.md): device-to-host copies, host-to-device
+        copies, torch ops issued (each a kernel launch on a GPU; a graph replay counts its input copies + 1). The
+        ops: ~100 fixed (the map band, the query map, the two span graphs, the index store, votes and ranking), per
+        sequence one sum per query span (<= 2 Q + 1 with gaps filled) and ~20 more; measured at B = 1 with 32 layers:
+        +112 over InfLLM's ops (Ltri's own functions 135, InfLLM's retrieval and index it replaces 22)."""
+        Q = -(-self.spans_per_block * self.exc_block_size // self.block_size)
+        spans = 2 * Q + 1 if self.fill_gaps else Q
+        return (f"<= 1 device-to-host copy (the query spans' slots, carrying the previous chunk's block-cut sizes), "
+                f"0 host-to-device copies, <= {100 + batch * (spans + 20)} torch ops at B = {batch} (<= 100 + B x "
+                f"({spans} query spans + 20)); extra prefill time <= chunk-layers x (one host round trip + those ops' "
+                f"launches + the span graphs' device time)")
 
     @classmethod
     def variants(cls):
