@@ -150,7 +150,7 @@ class LtriConfig(MemoryConfig):
         copies, torch ops issued (each a kernel launch on a GPU; a graph replay counts its input copies + 1). The
         ops: ~100 fixed (the map band, the query map, the two span graphs, the index store, votes and ranking), per
         sequence one sum per query span (<= 2 Q + 1 with gaps filled) and ~20 more; measured at B = 1 with 32 layers:
-        +112 over InfLLM's ops (Ltri's own functions 135, InfLLM's retrieval and index it replaces 22)."""
+        +98 over InfLLM's ops (Ltri's own functions 121, InfLLM's retrieval and index it replaces 22)."""
         Q = -(-self.spans_per_block * self.exc_block_size // self.block_size)
         spans = 2 * Q + 1 if self.fill_gaps else Q
         return (f"<= 1 device-to-host copy (the query spans' slots, carrying the previous chunk's block-cut sizes), "
@@ -192,6 +192,9 @@ class Ltri(Indexing, Voting, InfLLM):
     def begin(self, step):
         super().begin(step)
         self.begin_votes()
+        if step.phase == "decode":   # no prefill tensor lives into decode steps (graph_safe: declared ones only)
+            self.flush_all()
+            self._band_cache.clear()
         if step.phase == "decode" and self.cfg.persistent:   # a persistent decode step ranks nothing:
             self.own_scores = [None] * self.info.num_layers    # no prefill tensor kept across graphed steps
             self.own_top = [None] * self.info.num_layers
@@ -231,6 +234,7 @@ class Ltri(Indexing, Voting, InfLLM):
         self.own_top = [None] * info.num_layers
         self.vectors_per_block = {}
         self._pending = {}          # layer -> a block cut launched on the device, stored at the next read
+        self._band_cache = {}       # (T, offset) -> observe's / the query map's index tensors
 
     def index_buffers(self):
         self.flush_all()
@@ -251,7 +255,7 @@ class Ltri(Indexing, Voting, InfLLM):
     def observe(self, layer, q_rot, lse, raw_local):
         """Rows of the band for this step's tokens: probability given to each of the previous block_size
         tokens (local window only), summed over query heads."""
-        c, W, T = self.cfg, self.cfg.block_size, q_rot.shape[2]
+        W, T = self.cfg.block_size, q_rot.shape[2]
         a, scale = self.step.start, self.info.scaling
         lo = max(0, a - W + 1)
         keys = torch.arange(lo, a + T, device=q_rot.device)
@@ -269,12 +273,29 @@ class Ltri(Indexing, Voting, InfLLM):
         else:
             k = self.ring.k_rot[layer].index_select(2, keys % self.ring_size).repeat_interleave(self.info.group, 1)
             s = torch.einsum("bhtd,bhld->bhtl", q_rot.float(), k.float()) * scale
-            d = torch.arange(a, a + T, device=q_rot.device).view(-1, 1) - keys.view(1, -1)
-            vis = (d >= 0) & (d < min(W, c.n_local))
+            vis, col_ok, col = self._band_index(T, a - lo, q_rot.device)
             p = torch.where(vis, torch.exp(s - lse.unsqueeze(-1)), 0.0).sum(1)  # [B, T, L]
-            col = (torch.arange(T, device=q_rot.device).view(-1, 1) + (a - lo)) - torch.arange(W, device=q_rot.device)
-            rows = torch.where(col >= 0, p.gather(-1, col.clamp(min=0).unsqueeze(0).expand(self.batch, -1, -1)), 0.0)
+            rows = torch.where(col_ok, p.gather(-1, col.unsqueeze(0).expand(self.batch, -1, -1)), 0.0)
         self.band[layer].index_copy_(1, self.new_slots, rows)
+
+    def _band_index(self, T: int, off: int, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """observe's index tensors for T queries whose first key is `off` before the first query: (visible
+        [T, T + off]: distance in [0, min(bs, n_local)), the band column's key valid [T, bs] and index). They
+        depend on (T, off) only (off = bs - 1 for every chunk after the first): made once, not per layer."""
+        key = (T, off, str(device))
+        if key not in self._band_cache:
+            W = self.cfg.block_size
+            d = torch.arange(T, device=device).view(-1, 1) + off - torch.arange(T + off, device=device).view(1, -1)
+            col = torch.arange(T, device=device).view(-1, 1) + off - torch.arange(W, device=device)
+            self._band_cache[key] = ((d >= 0) & (d < min(W, self.cfg.n_local)), col >= 0, col.clamp(min=0))
+        return self._band_cache[key]
+
+    def _causal(self, T: int, device) -> torch.Tensor:
+        """[T, T] True above the diagonal (the query map's masked cells), made once per T."""
+        key = (T, -1, str(device))
+        if key not in self._band_cache:
+            self._band_cache[key] = ~torch.ones(T, T, dtype=torch.bool, device=device).tril()
+        return self._band_cache[key]
 
     # --- indexing a block that leaves the window: methods/parts/ltri_index.py ----------------------------
     def _span_args(self, layer: int) -> tuple:
@@ -298,8 +319,7 @@ class Ltri(Indexing, Voting, InfLLM):
             return [[(0, 0)]] * self.batch
         k = self.ring.k_rot[layer].index_select(2, self.new_slots).repeat_interleave(self.info.group, 1)
         s = torch.einsum("bhtd,bhld->bhtl", self.q_rot.float(), k.float()) * self.info.scaling
-        causal = torch.ones(T, T, dtype=torch.bool, device=s.device).tril()
-        A = torch.softmax(s.masked_fill(~causal, float("-inf")), -1).sum(1)
+        A = torch.softmax(s.masked_fill(self._causal(T, s.device), float("-inf")), -1).sum(1)
         n_spans = max(1, math.ceil(c.spans_per_block * T / c.block_size))
         args = (c.per_layer(c.theta_quantile, layer), c.per_layer(c.iou, layer), n_spans, c.fill_gaps)
         # on the device: one copy of the slots to the host, which brings the layer's pending block cut's sizes too

@@ -5,7 +5,8 @@ their index vectors stored in one IndexVectors.add_rows.
 On the device path (the span work on the maps' GPU, methods/parts/ltri_device.py) the cut is launched when the
 blocks leave, but its per-map sizes reach the host only with the next query spans of the same layer (one
 device-to-host copy for both, `take_pending`), just before the index is read: the host does not wait for the
-cut, nor for the chunk's attention queued before it. Every reader of the index flushes first (`flush_index`)."""
+cut, nor for the chunk's attention queued before it. Every reader of the index flushes first (`flush_index`); a
+decode step stores its blocks at once and flushes what prefill left (no tensor kept across decode steps)."""
 from __future__ import annotations
 
 import torch
@@ -43,6 +44,8 @@ class Indexing:
             rows, meta = LD._run(LD._index_flat, maps.detach(), votes.detach(), args=args)
             rows, meta = rows.clone(), meta.clone()     # a replayed graph's outputs are rewritten by its next replay
             self._pending[layer] = (rows, meta, keys, ids, maps, votes, args)
+            if self.step.phase == "decode":     # a decode step keeps no tensor to the next: stored now
+                self.flush_index(layer)
             return
         rows, sizes, n_spans = LD.cut_blocks(maps, votes, args, where)
         self._store(layer, rows, keys, ids, sizes, n_spans)
