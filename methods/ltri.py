@@ -38,7 +38,9 @@ from methods.config import option
 from methods.infllm import InfLLM, MemoryConfig, _reuse
 from methods.parts import ltri_batch as LB
 from methods.parts import ltri_device as LD
-from methods.parts.selection import tie_round, top_first
+from methods.parts.ltri_index import Indexing
+from methods.parts.ltri_select import Voting
+from methods.parts.selection import tie_round
 from methods.parts.stores_blocks import IndexVectors
 
 
@@ -136,11 +138,25 @@ class LtriConfig(MemoryConfig):
                 f"(blocks) and {Q} (queries) greedy NMS steps, one stable sort of the blocks' votes: <= 25 x {cells} "
                 f"x B element operations, {share:.3%} of the chunk's attention FLOPs (4 T x {window} x Hq D) at Hq D "
                 f"= 4096. CUDA maps: on the device (methods/parts/ltri_device.py, one CUDA graph replay per call: the "
-                f"prefix sums as sequential scans of {T} and {bs} steps, the NMS one program per map), one device-to-"
-                f"host copy per call (query slots; the blocks' sizes and span counts), the picks staying there; the "
-                f"host's bits (0 of 2,816 maps differed on an H100, notes/perf_bench.md; ~1.4 ms a chunk-layer). CPU: "
+                f"prefix sums as sequential scans of {T} and {bs} steps, the NMS one program per map), the picks and "
+                f"the retrieval staying there; the host's bits (0 of 2,816 maps differed on an H100, notes/perf_bench.md;"
+                f" ~1.4 ms a chunk-layer). Host work per chunk and indexing layer: {self.prefill_host_bound()}. CPU: "
                 f"on the host (ltri_batch's numpy for the blocks, ltri_spans per query map). A prompt of n: "
                 f"O(n (T + {bs}) B) span work per layer")
+
+    def prefill_host_bound(self, batch: int = 1) -> str:
+        """What the host does per prefill chunk and indexing layer beyond InfLLM's device path (CUDA maps), as
+        bench/ltri_host_work counts it on the CPU (notes/ltri_prefill_host.md): device-to-host copies, host-to-device
+        copies, torch ops issued (each a kernel launch on a GPU; a graph replay counts its input copies + 1). The
+        ops: ~100 fixed (the map band, the query map, the two span graphs, the index store, votes and ranking), per
+        sequence one sum per query span (<= 2 Q + 1 with gaps filled) and ~20 more; measured at B = 1 with 32 layers:
+        +98 over InfLLM's ops (Ltri's own functions 121, InfLLM's retrieval and index it replaces 22)."""
+        Q = -(-self.spans_per_block * self.exc_block_size // self.block_size)
+        spans = 2 * Q + 1 if self.fill_gaps else Q
+        return (f"<= 1 device-to-host copy (the query spans' slots, carrying the previous chunk's block-cut sizes), "
+                f"0 host-to-device copies, <= {100 + batch * (spans + 20)} torch ops at B = {batch} (<= 100 + B x "
+                f"({spans} query spans + 20)); extra prefill time <= chunk-layers x (one host round trip + those ops' "
+                f"launches + the span graphs' device time)")
 
     @classmethod
     def variants(cls):
@@ -161,7 +177,7 @@ def _lists(v):
 
 
 @register
-class Ltri(InfLLM):
+class Ltri(Indexing, Voting, InfLLM):
     name = "ltri"
     Config = LtriConfig
     reference_spans = False   # True: the spans map by map (ltri_spans, the reference), for parity tests and benches
@@ -175,6 +191,10 @@ class Ltri(InfLLM):
 
     def begin(self, step):
         super().begin(step)
+        self.begin_votes()
+        if step.phase == "decode":   # no prefill tensor lives into decode steps (graph_safe: declared ones only)
+            self.flush_all()
+            self._band_cache.clear()
         if step.phase == "decode" and self.cfg.persistent:   # a persistent decode step ranks nothing:
             self.own_scores = [None] * self.info.num_layers    # no prefill tensor kept across graphed steps
             self.own_top = [None] * self.info.num_layers
@@ -213,8 +233,11 @@ class Ltri(InfLLM):
         self.own_scores = [None] * info.num_layers      # this step's block similarities of indexing layers
         self.own_top = [None] * info.num_layers
         self.vectors_per_block = {}
+        self._pending = {}          # layer -> a block cut launched on the device, stored at the next read
+        self._band_cache = {}       # (T, offset) -> observe's / the query map's index tensors
 
     def index_buffers(self):
+        self.flush_all()
         return {**self.index.buffers(), "band": self.band, "persist_ids": self.persist_ids,
                 "persist_counts": self.persist_counts}
 
@@ -232,7 +255,7 @@ class Ltri(InfLLM):
     def observe(self, layer, q_rot, lse, raw_local):
         """Rows of the band for this step's tokens: probability given to each of the previous block_size
         tokens (local window only), summed over query heads."""
-        c, W, T = self.cfg, self.cfg.block_size, q_rot.shape[2]
+        W, T = self.cfg.block_size, q_rot.shape[2]
         a, scale = self.step.start, self.info.scaling
         lo = max(0, a - W + 1)
         keys = torch.arange(lo, a + T, device=q_rot.device)
@@ -250,45 +273,31 @@ class Ltri(InfLLM):
         else:
             k = self.ring.k_rot[layer].index_select(2, keys % self.ring_size).repeat_interleave(self.info.group, 1)
             s = torch.einsum("bhtd,bhld->bhtl", q_rot.float(), k.float()) * scale
-            d = torch.arange(a, a + T, device=q_rot.device).view(-1, 1) - keys.view(1, -1)
-            vis = (d >= 0) & (d < min(W, c.n_local))
+            vis, col_ok, col = self._band_index(T, a - lo, q_rot.device)
             p = torch.where(vis, torch.exp(s - lse.unsqueeze(-1)), 0.0).sum(1)  # [B, T, L]
-            col = (torch.arange(T, device=q_rot.device).view(-1, 1) + (a - lo)) - torch.arange(W, device=q_rot.device)
-            rows = torch.where(col >= 0, p.gather(-1, col.clamp(min=0).unsqueeze(0).expand(self.batch, -1, -1)), 0.0)
+            rows = torch.where(col_ok, p.gather(-1, col.unsqueeze(0).expand(self.batch, -1, -1)), 0.0)
         self.band[layer].index_copy_(1, self.new_slots, rows)
 
-    def block_maps(self, layer: int, ids: list[int]) -> torch.Tensor:
-        """[n, B, bs, bs] attention maps of blocks `ids` (rows queries, lower triangle), in one gather (a
-        prefill chunk's leaving blocks are consecutive: one run of slots)."""
-        W, s0 = self.cfg.block_size, self.cfg.n_init + ids[0] * self.cfg.block_size
-        if ids == list(range(ids[0], ids[0] + len(ids))):
-            slots = self.ring.slots(s0, s0 + len(ids) * W)
-        else:
-            slots = torch.cat([self.ring.slots(self.cfg.n_init + i * W, self.cfg.n_init + (i + 1) * W) for i in ids])
-        rows = self.band[layer].index_select(1, slots).view(self.batch, len(ids), W, W)     # [B, n, bs, W]
-        i = torch.arange(W, device=rows.device)
-        d = i.view(-1, 1) - i.view(1, -1)
-        return torch.where(d >= 0, rows.gather(-1, d.clamp(min=0).expand(rows.shape)), 0.0).transpose(0, 1)
+    def _band_index(self, T: int, off: int, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """observe's index tensors for T queries whose first key is `off` before the first query: (visible
+        [T, T + off]: distance in [0, min(bs, n_local)), the band column's key valid [T, bs] and index). They
+        depend on (T, off) only (off = bs - 1 for every chunk after the first): made once, not per layer."""
+        key = (T, off, str(device))
+        if key not in self._band_cache:
+            W = self.cfg.block_size
+            d = torch.arange(T, device=device).view(-1, 1) + off - torch.arange(T + off, device=device).view(1, -1)
+            col = torch.arange(T, device=device).view(-1, 1) + off - torch.arange(W, device=device)
+            self._band_cache[key] = ((d >= 0) & (d < min(W, self.cfg.n_local)), col >= 0, col.clamp(min=0))
+        return self._band_cache[key]
 
-    # --- indexing a block that leaves the window -----------------------------------------------------
-    def index_blocks(self, layer, blocks):
-        """Index vectors of the blocks leaving the window at this step (all of a prefill chunk's at once)."""
-        if layer not in self.own or not blocks:
-            return
-        h, B = self.own[layer], self.batch
-        maps = self.block_maps(layer, [i for i, _, _ in blocks])                   # [n, B, bs, bs]
-        votes = torch.stack([score[:, h] if h is not None else score.sum(1) for _, _, score in blocks])  # [n, B, bs]
-        picked, owner, sizes, n_spans = LD.cut_blocks(maps.flatten(0, 1), votes.flatten(0, 1), self._span_args(layer),
-                                                      self._span_work(maps))
-        both = torch.stack([picked, owner])
-        parts = list(zip(both[0].split(sizes), both[1].split(sizes)))
-        for j, (i, k, _) in enumerate(blocks):
-            keys = self._space(layer, k, kv=True)                                 # [B, bs, dim]
-            for b in range(B):
-                idx, own = parts[j * B + b]
-                self.index.add(layer, b, i, keys[b, idx], own, n_spans[j * B + b])
-            self.vectors_per_block.setdefault(layer, []).append(sum(sizes[j * B:(j + 1) * B]) / B)
+    def _causal(self, T: int, device) -> torch.Tensor:
+        """[T, T] True above the diagonal (the query map's masked cells), made once per T."""
+        key = (T, -1, str(device))
+        if key not in self._band_cache:
+            self._band_cache[key] = ~torch.ones(T, T, dtype=torch.bool, device=device).tril()
+        return self._band_cache[key]
 
+    # --- indexing a block that leaves the window: methods/parts/ltri_index.py ----------------------------
     def _span_args(self, layer: int) -> tuple:
         c = self.cfg
         return (c.per_layer(c.theta_quantile, layer), c.per_layer(c.iou, layer), c.spans_per_block, c.fill_gaps,
@@ -310,19 +319,28 @@ class Ltri(InfLLM):
             return [[(0, 0)]] * self.batch
         k = self.ring.k_rot[layer].index_select(2, self.new_slots).repeat_interleave(self.info.group, 1)
         s = torch.einsum("bhtd,bhld->bhtl", self.q_rot.float(), k.float()) * self.info.scaling
-        causal = torch.ones(T, T, dtype=torch.bool, device=s.device).tril()
-        A = torch.softmax(s.masked_fill(~causal, float("-inf")), -1).sum(1)
+        A = torch.softmax(s.masked_fill(self._causal(T, s.device), float("-inf")), -1).sum(1)
         n_spans = max(1, math.ceil(c.spans_per_block * T / c.block_size))
         args = (c.per_layer(c.theta_quantile, layer), c.per_layer(c.iou, layer), n_spans, c.fill_gaps)
-        # on the device: one copy of the slots to the host. On the host map by map (ltri_spans): on a 512 x 512
-        # map twice as fast as ltri_batch's stack on one core, as fast for a few rows (notes/perf_bench.md)
-        return (LD.detect_spans if self._span_work(A) == "device" else LB.detect_spans_reference)(A, *args)
+        # on the device: one copy of the slots to the host, which brings the layer's pending block cut's sizes too
+        # (methods/parts/ltri_index.py). On the host map by map (ltri_spans): on a 512 x 512 map twice as fast as
+        # ltri_batch's stack on one core, as fast for a few rows (notes/perf_bench.md)
+        if self._span_work(A) != "device":
+            return LB.detect_spans_reference(A, *args)
+        meta = self.take_pending(layer)
+        if meta is None:
+            return LD.detect_spans(A, *args)
+        spans, meta = LD.detect_spans(A, *args, carry=meta)
+        self.flush_index(layer, meta)
+        return spans
 
     def block_scores(self, layer: int, q_mem: torch.Tensor) -> torch.Tensor:
         """[B, n_blocks] fp32: Eq. 9 (best Eq. 8 similarity of a block's spans over the query spans)."""
         qv = self._space(layer, q_mem, kv=False).float()                          # [B, T, dim]
         out = torch.full((self.batch, self.n_blocks), float("-inf"), device=q_mem.device)
-        for b, spans in enumerate(self.query_spans(layer)):
+        spans_of = self.query_spans(layer)
+        self.flush_index(layer)     # the pending block cut stored (query_spans' copy brought its sizes, if any)
+        for b, spans in enumerate(spans_of):
             qsum = torch.stack([qv[b, x:y + 1].sum(0) for x, y in spans])          # [nq, dim]
             vec, span_of, span_block = self.index.view(layer, b)
             if vec.shape[0] == 0:
@@ -334,65 +352,8 @@ class Ltri(InfLLM):
             out[b].scatter_reduce_(0, span_block[ok], best[ok], "amax")
         return tie_round(out)   # repeated tokens' equal un-rotated keys tie on every device (selection.tie_round)
 
-    def select(self, layer, q_mem):
-        c, nb = self.cfg, self.n_blocks
-        if self.step.phase == "decode" and c.persistent:
-            return self.persist[layer] if self.persist[layer] is not None else [[[]] for _ in range(self.batch)]
-        if layer in self.own:
-            self.own_scores[layer] = self.block_scores(layer, q_mem)
-            self.own_top[layer] = top_first(self.own_scores[layer], min(c.topk, nb))
-        if nb <= c.topk:
-            sel = [[list(range(nb))] for _ in range(self.batch)]
-        else:
-            sel = [[ids] for ids in top_first(self.rank(layer), c.topk).tolist()]
-        if self.step.phase != "decode":
-            self.persist[layer] = sel
-        return sel
-
-    def select_device(self, layer, q_mem):
-        """Resident: decode reads the persisted retrieval (no host work); a prefill chunk (or a decode step
-        without persistence) retrieves on the host (spans, votes) and hands the ids over."""
-        if self.step.phase == "decode" and self.cfg.persistent:
-            return self.persist_ids[layer], self.persist_counts[layer]
-        if self.n_blocks == 0:   # host int: this path runs eagerly
-            z = torch.zeros(self.batch, 1, 0, dtype=torch.int32, device=q_mem.device)
-            return z, z.new_zeros(self.batch, 1)
-        sel = self.select(layer, q_mem)
-        ids = torch.zeros(self.batch, 1, self.cfg.topk, dtype=torch.int32)
-        for b, units in enumerate(sel):
-            ids[b, 0, :len(units[0])] = torch.tensor(sorted(units[0]), dtype=torch.int32)
-        counts = torch.tensor([[len(units[0])] for units in sel], dtype=torch.int32)
-        ids, counts = ids.to(q_mem.device), counts.to(q_mem.device)
-        if self.step.phase != "decode":
-            self.persist_ids[layer].copy_(ids)
-            self.persist_counts[layer].copy_(counts)
-        return ids, counts
-
-    def voters(self, layer: int) -> list[tuple[int, float]]:
-        if self.rh:
-            return [(l, s) for l, (_, s) in sorted(self.rh.items()) if l <= layer]
-        return [(l, 1.0) for l in range(layer + 1)]
-
-    def rank(self, layer: int) -> torch.Tensor:
-        """[B, n_blocks] ranking key of this layer's retrieval (higher first)."""
-        c = self.cfg
-        if layer in self.own and (not c.voting or (self.rh and layer not in self.rh)):
-            return self.own_scores[layer]
-        voters = [(l, w) for l, w in self.voters(layer) if self.own_top[l] is not None]
-        if not c.voting:                 # a layer without an index: the latest retrieval layer's choice
-            return self.own_scores[voters[-1][0]]
-        latest = self.own_scores[voters[-1][0]]
-        votes = torch.zeros(self.batch, self.n_blocks, dtype=torch.float64, device=latest.device)
-        for l, w in voters:
-            votes.scatter_add_(1, self.own_top[l], torch.full(self.own_top[l].shape, float(w), dtype=torch.float64,
-                                                              device=votes.device))
-        # ties by the latest voter's similarity, then the lower block (a stable order: the same in a batch
-        # as alone), as a fraction in [0, 1): below any vote
-        pos = torch.sort(latest.double(), stable=True, dim=-1, descending=True).indices.argsort(-1)
-        tie = (self.n_blocks - 1 - pos) / max(1, self.n_blocks)
-        return votes * 1e6 + tie
-
     def stats(self):
+        self.flush_all()
         out = super().stats()
         out["index_vectors"] = sum(sum(v) for v in self.index.count.values())
         out["index_device_bytes"] = self.index.device_bytes()

@@ -31,6 +31,19 @@ def test_index_maps_equal_the_host_path(kind, si):
         _check(_maps(N, n, 100 * si + seed, kind), _votes(N, n, seed, kind != "rand"), SETTINGS[si])
 
 
+@pytest.mark.parametrize("kind", ["rand", "ties", "planted", "flat"])
+def test_index_rows_equal_the_host_paths_rows(kind):
+    """The graph's flat rows for IndexVectors.add_rows (picks, spans numbered over the call, each pick's and
+    span's map) equal those the host path builds from ltri_batch's lists (the fallback and the CPU path)."""
+    for si, (N, n) in itertools.product(range(len(SETTINGS)), ((6, 2), (12, 7), (9, 16))):
+        A, V = _maps(N, n, 10 * si + N, kind), _votes(N, n, si, kind != "rand")
+        rows, sizes, n_sp = LD.index_rows(A, V, *SETTINGS[si])
+        picked, owner, want_sizes, want_sp = LB.index_maps(A, V, *SETTINGS[si])
+        assert (sizes, n_sp) == (want_sizes, want_sp)
+        want, t, s = LD._host_flat(picked, owner, sizes, n_sp), sum(sizes), sum(n_sp)
+        assert torch.equal(rows[:3, :t], want[:3, :t]) and torch.equal(rows[3, :s], want[3, :s])
+
+
 @pytest.mark.parametrize("kind", ["rand", "ties", "planted"])
 def test_index_maps_equal_the_host_path_at_block_size(kind):
     _check(_maps(20, 128, 7, kind), _votes(20, 128, 7, kind == "ties"), SETTINGS[0])
@@ -106,3 +119,30 @@ def test_ltri_logits_equal_with_the_device_path(monkeypatch, variant):
     host = decode_logits(model, cfg, ids, 34)
     monkeypatch.setattr(Ltri, "_span_work", lambda self, A: "device")
     assert torch.equal(decode_logits(model, cfg, ids, 34), host)
+
+
+def test_add_rows_stores_what_single_adds_store():
+    """IndexVectors.add_rows (one call per layer) gives the pools, counts and capacities (device_bytes) of the
+    n x B block-major `add` calls it replaces, across several pool growths."""
+    from methods.parts.stores_blocks import IndexVectors
+
+    g = torch.Generator().manual_seed(0)
+    B, n, dim = 3, 4, 5
+    one, many = IndexVectors(), IndexVectors()
+    for ix in (one, many):
+        ix.allocate({0: dim}, B, "cpu", torch.float32)
+    for step in range(12):
+        sizes = torch.randint(1, 13, (B * n,), generator=g).tolist()
+        n_sp = [min(s, 1 + (s + step) % 4) for s in sizes]
+        vec = torch.randn(sum(sizes), dim, generator=g)
+        span = torch.cat([torch.randint(0, k, (s,), generator=g) for s, k in zip(sizes, n_sp)])
+        first = torch.cumsum(torch.tensor([0] + n_sp[:-1]), 0)
+        at = torch.cumsum(torch.tensor([0] + sizes[:-1]), 0)
+        for j, b in itertools.product(range(n), range(B)):
+            m = b * n + j
+            one.add(0, b, 10 * step + j, vec[at[m]:at[m] + sizes[m]], span[at[m]:at[m] + sizes[m]], n_sp[m])
+        span_block = torch.cat([torch.full((k,), 10 * step + m % n) for m, k in enumerate(n_sp)])
+        many.add_rows(0, vec, span + first.repeat_interleave(torch.tensor(sizes)), span_block, sizes, n_sp, n)
+    assert one.count == many.count and one.spans == many.spans and one.device_bytes() == many.device_bytes()
+    for b in range(B):
+        assert all(torch.equal(x, y) for x, y in zip(one.view(0, b), many.view(0, b)))

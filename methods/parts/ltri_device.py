@@ -151,18 +151,28 @@ def _slots(A: torch.Tensor, q: float, iou: float, n_spans: int, fill_gaps: bool)
     return torch.cat([x, y, v.long(), good.long().view(N, 1)], 1)
 
 
-def detect_spans(A: torch.Tensor, q: float, iou: float, n_spans: int, fill_gaps: bool = True) -> list:
-    """ltri_batch.detect_spans on A's device: one copy of the slots (and the finite flags) to the host."""
+def detect_spans(A: torch.Tensor, q: float, iou: float, n_spans: int, fill_gaps: bool = True,
+                 carry: torch.Tensor | None = None):
+    """ltri_batch.detect_spans on A's device: one copy of the slots (and the finite flags) to the host. carry: a
+    device int64 tensor that rides in the same copy; then (spans, its host values as a nested list)."""
     N, n = A.shape[0], A.shape[-1]
     if n == 0:
-        return [[] for _ in range(N)]
+        out = [[] for _ in range(N)]
+        return out if carry is None else (out, carry.cpu().tolist())
     A = A.detach()
-    out = _run(_slots, A, args=(q, iou, n_spans, fill_gaps)).cpu()
+    out = _run(_slots, A, args=(q, iou, n_spans, fill_gaps))
+    if carry is None:
+        out = out.cpu()
+    else:
+        both = torch.cat([out.flatten(), carry.flatten()]).cpu()
+        out, carry = both[:out.numel()].view(out.shape), both[out.numel():].view(carry.shape).tolist()
     K = (out.shape[1] - 1) // 3
     if not bool(out[:, -1].all()):
-        return LB.detect_spans(A, q, iou, n_spans, fill_gaps)
-    x, y, v = (t.tolist() for t in out[:, :-1].split(K, 1))
-    return [[(a, b) for a, b, keep in zip(x[i], y[i], v[i]) if keep] for i in range(N)]
+        spans = LB.detect_spans(A, q, iou, n_spans, fill_gaps)
+    else:
+        x, y, v = (t.tolist() for t in out[:, :-1].split(K, 1))
+        spans = [[(a, b) for a, b, keep in zip(x[i], y[i], v[i]) if keep] for i in range(N)]
+    return spans if carry is None else (spans, carry)
 
 
 def ratios(A: torch.Tensor, x, y, valid, mode: str, density: bool) -> torch.Tensor:
@@ -256,6 +266,49 @@ def index_maps(A: torch.Tensor, votes: torch.Tensor, q: float, iou: float, n_spa
     return out[0], out[1], sizes, n_sp
 
 
+def _flat(out: torch.Tensor, meta: torch.Tensor) -> torch.Tensor:
+    """[4, width] from _index's (out, meta): picks, each pick's span numbered over all maps of the call, each
+    pick's map, and (the first sum(span counts) entries) each span's map: what IndexVectors.add_rows takes,
+    static shapes (entries past the totals are padding)."""
+    N = meta.shape[1]
+    ends = torch.cumsum(meta[:2], 1)                                  # inclusive ends of sizes, span counts
+    pos = torch.arange(out.shape[1], device=out.device)
+    pick_map = torch.searchsorted(ends[0].contiguous(), pos, right=True).clamp_(max=max(N - 1, 0))
+    span_map = torch.searchsorted(ends[1].contiguous(), pos, right=True).clamp_(max=max(N - 1, 0))
+    span = out[1] + (ends[1] - meta[1])[pick_map]
+    return torch.stack([out[0], span, pick_map, span_map])
+
+
+def _index_flat(A, votes, *args):
+    out, meta = _index(A, votes, *args)
+    return _flat(out, meta), meta
+
+
+def _host_flat(picked, owner, sizes: list[int], n_sp: list[int]) -> torch.Tensor:
+    """_flat's rows from a host path's (picked, owner) and per-map lists."""
+    N = len(sizes)
+    m = torch.arange(N)
+    pick_map, span_map = m.repeat_interleave(torch.tensor(sizes, dtype=torch.long)), \
+        m.repeat_interleave(torch.tensor(n_sp, dtype=torch.long))
+    first = torch.cumsum(torch.tensor(n_sp, dtype=torch.long), 0) - torch.tensor(n_sp, dtype=torch.long)
+    w = max(picked.numel(), span_map.numel())
+    rows = torch.zeros(4, w, dtype=torch.long)
+    rows[0, :picked.numel()], rows[1, :picked.numel()] = picked.cpu(), owner.cpu() + first[pick_map]
+    rows[2, :picked.numel()], rows[3, :span_map.numel()] = pick_map, span_map
+    return rows
+
+
+def index_rows(A: torch.Tensor, votes: torch.Tensor, *args):
+    """index_maps for IndexVectors.add_rows: (rows [4, width] on A's device, see _flat; sizes, span counts as host
+    lists, the one device-to-host copy)."""
+    rows, meta = _run(_index_flat, A.detach(), votes.detach(), args=args)
+    sizes, n_sp, ok = meta.cpu().tolist()
+    if not all(ok):
+        picked, owner, sizes, n_sp = LB.index_maps(A, votes, *args)
+        return _host_flat(picked, owner, sizes, n_sp).to(A.device), sizes, n_sp
+    return rows[:, :max(sum(sizes), sum(n_sp))].clone(), sizes, n_sp   # a replay rewrites its outputs
+
+
 # --- CUDA graphs: the span work is a fixed sequence of a few hundred small kernels per call (static shapes, no
 # sync), so on a GPU it is captured once per (function, shapes, options) and replayed: the same kernels on the
 # same inputs (the same bits), one launch instead of hundreds of Python-issued ones.
@@ -304,9 +357,10 @@ def _capture(fn, tensors, args):
 def cut_blocks(maps: torch.Tensor, votes: torch.Tensor, args: tuple, where: str):
     """Ltri's block indexing (maps [N, n, n], votes [N, n], args those of index_maps after them) where `where`
     says: device (this module, the picks stay there), host (one transfer of maps and votes, ltri_batch's batched
-    numpy, the picks moved back) or reference (ltri_spans map by map). (picked, owner) on the maps' device."""
+    numpy, the picks moved back) or reference (ltri_spans map by map). (rows [4, width] on the maps' device, as
+    index_rows; sizes, span counts)."""
     if where == "device":
-        return index_maps(maps, votes, *args)
+        return index_rows(maps, votes, *args)
     if votes.dtype == maps.dtype:    # one device-to-host copy of both (fp32)
         both = torch.cat([maps, votes.unsqueeze(1)], 1).detach().cpu()
         A, V = both[:, :-1], both[:, -1]
@@ -314,5 +368,4 @@ def cut_blocks(maps: torch.Tensor, votes: torch.Tensor, args: tuple, where: str)
         A, V = maps, votes.detach().cpu()
     cut = LB.index_maps_reference if where == "reference" else LB.index_maps
     picked, owner, sizes, n_spans = cut(A, V, *args)
-    both = torch.stack([picked, owner]).to(maps.device)
-    return both[0], both[1], sizes, n_spans
+    return _host_flat(picked, owner, sizes, n_spans).to(maps.device), sizes, n_spans

@@ -184,16 +184,23 @@ class IndexVectors:
         self.spans = {layer: [0] * batch for layer in dims}
 
     @staticmethod
-    def _grown(t: torch.Tensor | None, rows: int, shape_tail, dtype, device) -> torch.Tensor:
+    def _next_cap(cap: int, rows: int) -> int:
+        return cap if rows <= cap else max(rows, cap + max(256, cap // 8))
+
+    @staticmethod
+    def _resized(t: torch.Tensor | None, new_cap: int, shape_tail, dtype, device) -> torch.Tensor:
         cap = 0 if t is None else t.shape[1]
-        if rows <= cap:
+        if new_cap <= cap:
             return t
-        new_cap = max(rows, cap + max(256, cap // 8))
         with torch.inference_mode(False):
             new = torch.empty((shape_tail[0], new_cap, *shape_tail[1:]), dtype=dtype, device=device)
         if t is not None:
             new[:, :cap] = t
         return new
+
+    @classmethod
+    def _grown(cls, t: torch.Tensor | None, rows: int, shape_tail, dtype, device) -> torch.Tensor:
+        return cls._resized(t, cls._next_cap(0 if t is None else t.shape[1], rows), shape_tail, dtype, device)
 
     def add(self, layer: int, b: int, block: int, vectors: torch.Tensor, span_local: torch.Tensor,
             n_spans: int) -> None:
@@ -209,6 +216,35 @@ class IndexVectors:
         self.span_block[layer][b, s0:s0 + n_spans] = block
         self.count[layer][b] += n
         self.spans[layer][b] += n_spans
+
+    def add_rows(self, layer: int, vectors: torch.Tensor, span: torch.Tensor, span_block: torch.Tensor,
+                 sizes: list[int], n_spans: list[int], n: int) -> None:
+        """n blocks of every sequence at once, as n x B `add` calls (block-major) would store them: maps m = b n + j
+        (sequence b, its j-th block) with sizes[m] vectors and n_spans[m] spans; vectors [sum sizes, dim] and
+        span [sum sizes] (each vector's span, numbered over all maps in order) flat in map order, span_block
+        [sum n_spans] the block of each span. The pools grow to the capacities those calls would reach (the
+        same device_bytes), then one copy per sequence and pool."""
+        B, dim = self.batch, vectors.shape[1]
+        cnt, sp = list(self.count[layer]), list(self.spans[layer])
+        cap_v = 0 if self.vec.get(layer) is None else self.vec[layer].shape[1]
+        cap_s = 0 if self.span_block.get(layer) is None else self.span_block[layer].shape[1]
+        for j in range(n):
+            for b in range(B):
+                cnt[b] += sizes[b * n + j]
+                sp[b] += n_spans[b * n + j]
+                cap_v, cap_s = self._next_cap(cap_v, cnt[b]), self._next_cap(cap_s, sp[b])
+        self.vec[layer] = self._resized(self.vec.get(layer), cap_v, (B, dim), self.dtype, self.device)
+        self.span_of[layer] = self._resized(self.span_of.get(layer), cap_v, (B,), torch.long, self.device)
+        self.span_block[layer] = self._resized(self.span_block.get(layer), cap_s, (B,), torch.long, self.device)
+        at = as_ = 0
+        for b in range(B):
+            k, s = sum(sizes[b * n:(b + 1) * n]), sum(n_spans[b * n:(b + 1) * n])
+            n0, s0 = self.count[layer][b], self.spans[layer][b]
+            self.vec[layer][b, n0:n0 + k] = vectors[at:at + k].to(self.dtype)
+            self.span_of[layer][b, n0:n0 + k] = span[at:at + k] + (s0 - as_)
+            self.span_block[layer][b, s0:s0 + s] = span_block[as_:as_ + s]
+            self.count[layer][b], self.spans[layer][b] = n0 + k, s0 + s
+            at, as_ = at + k, as_ + s
 
     def view(self, layer: int, b: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         n, s = self.count[layer][b], self.spans[layer][b]
