@@ -24,7 +24,7 @@ import torch
 import kernels
 from bench.engine import load_bench_model, provenance
 from bench.method_speed import method_cfg
-from bench.timing import Timer
+from bench.timing import Clock
 from kernels import block_sparse_prefill as KM
 from kernels import mass_prefill as MP
 from methods import build
@@ -35,7 +35,7 @@ from runners.results import environment
 
 def timed(fn, repeat=2):
     """Seconds of fn (CUDA events): the least of `repeat` calls (the first may compile Triton kernels)."""
-    timer = Timer(torch.device("cuda"))
+    timer = Clock(torch.device("cuda"))
     return min(timer(fn) for _ in range(repeat))
 
 
