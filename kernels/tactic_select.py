@@ -38,7 +38,15 @@ from typing import NamedTuple
 
 import torch
 
-from ._common import HAVE_TRITON, backend_for, kernel_for, next_pow2, tl, triton
+from ._common import (
+    HAVE_TRITON,
+    backend_for,
+    kernel_for,
+    next_pow2,
+    num_sms,
+    tl,
+    triton,
+)
 
 # --- the reference: Tactic's sort-based path -------------------------------------------------------
 
@@ -96,11 +104,12 @@ def select_cluster_tokens_ref(scores, csize, cstart, order, k_row, e_pos, e_vali
 
 SEARCH_NT = 4        # thresholds per search step (issue 33: 16 steps instead of the bisection's 32)
 SELECT_WARPS = 8
-# list slots per program: a row's list is written by cdiv(kmax, SELECT_SPAN) programs side by side, each
-# repeating the search (C scores in registers) and writing its own slots. One program per row wrote
-# fit mode's ~118K-slot lists at 128K in ~230 us a layer on 32 of the H200's 132 SMs (issue 33).
+# list slots per program: a row's list is written by up to cdiv(kmax, SELECT_SPAN) programs side by side,
+# each repeating the search (C scores in registers) and writing its own slots, and no more programs than
+# the SMs share out among the rows (each repeats the search: 58 programs a row made fit mode slower).
+# H200, 128K, fit (~118K-slot lists, 32 rows), ms a step: one program a row 32.6, 4 a row 28.4, 8 a row
+# 28.7, 58 a row 36.0 (notes/perf_bench.md, issue 33).
 SELECT_SPAN = 2048
-SELECT_PARTS_MAX = 64
 
 if HAVE_TRITON:
 
@@ -248,7 +257,7 @@ def select_cluster_tokens(scores, csize, cstart, order, k_row, e_pos, e_valid, k
     have any strides but a unit last one; block_c / block_j override the tile sizes (tests: several tiles).
     nt: thresholds per step of the search for the K-th cluster key (SEARCH_NT; 2 = the bisection it
     replaced), warps: per program (SELECT_WARPS), span: list slots per program (SELECT_SPAN, rounded up to
-    whole tiles; at most SELECT_PARTS_MAX programs a row): timing switches, the same set whatever they are."""
+    whole tiles; on CUDA at most SMs / rows programs a row): timing switches, the same set whatever they are."""
     if backend_for(scores) == "torch":
         return select_cluster_tokens_ref(scores, csize, cstart, order, k_row, e_pos, e_valid, kmax, ranking)
     B, H, C = scores.shape
@@ -269,7 +278,9 @@ def select_cluster_tokens(scores, csize, cstart, order, k_row, e_pos, e_valid, k
     cuda = scores.is_cuda
     bc = block_c or min(next_pow2(C), 4096 if cuda else 64)
     bj = block_j or (1024 if cuda else 32)
-    span = max(span or SELECT_SPAN, -(-kmax // SELECT_PARTS_MAX), 1)
+    # programs a row: the SMs' share per row on CUDA (the interpreter: as many as the span asks, for the tests)
+    cap = max(1, num_sms(scores) // (B * H)) if cuda else max(1, kmax)
+    span = max(span or SELECT_SPAN, -(-kmax // cap), 1)
     span = -(-span // bj) * bj                       # whole tiles per program
     parts = max(1, -(-kmax // span))
     kernel_for(_select_kernel, scores)[(B * H, parts)](
